@@ -1,0 +1,68 @@
+"""Error codes and the error payload that travels on reply subjects and event streams.
+
+Caller mistakes (4xx) are kept apart from model / engine / bus failures (5xx)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class ErrorCode(StrEnum):
+    # the caller's fault
+    INVALID_REQUEST = "invalid_request"
+    NOT_FOUND = "not_found"
+    MODEL_NOT_FOUND = "model_not_found"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    # ours or upstream's
+    ENGINE_UNAVAILABLE = "engine_unavailable"
+    ENGINE_ERROR = "engine_error"
+    SERVICE_UNAVAILABLE = "service_unavailable"
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal_error"
+
+    @property
+    def http_status(self) -> int:
+        return _HTTP_STATUS[self]
+
+    @property
+    def openai_type(self) -> str:
+        return "invalid_request_error" if self.http_status < 500 else "server_error"
+
+
+_HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.MODEL_NOT_FOUND: 404,
+    ErrorCode.CONTEXT_LENGTH_EXCEEDED: 400,
+    ErrorCode.ENGINE_UNAVAILABLE: 503,
+    ErrorCode.ENGINE_ERROR: 502,
+    ErrorCode.SERVICE_UNAVAILABLE: 503,
+    ErrorCode.TIMEOUT: 504,
+    ErrorCode.CANCELLED: 499,
+    ErrorCode.INTERNAL: 500,
+}
+
+
+class BusError(BaseModel):
+    """An error reply from any service; becomes OpenAI error JSON at the gateway."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    kind: Literal["error"] = "error"
+    code: ErrorCode
+    message: str
+    param: str | None = None
+
+    def openai_body(self) -> dict[str, dict[str, str | None]]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.code.openai_type,
+                "param": self.param,
+                "code": self.code.value,
+            }
+        }

@@ -1,0 +1,1 @@
+"""Typed messages on the bus, one module per conversation between services."""

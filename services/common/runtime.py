@@ -1,0 +1,74 @@
+"""Running a service: a faststream NatsBroker with health answering, until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+
+from faststream.nats import NatsBroker
+
+from contracts.messages.control import Ping, Pong
+from services.common.settings import BusSettings
+
+log = logging.getLogger("chorus")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    # faststream logs every message at INFO; that is far too loud for a token stream.
+    logging.getLogger("faststream").setLevel(logging.WARNING)
+
+
+def make_broker(settings: BusSettings, name: str) -> NatsBroker:
+    return NatsBroker(
+        settings.nats_url,
+        name=f"chorus-{name}-{settings.instance_id}",
+        logger=None,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+    )
+
+
+def add_health(
+    broker: NatsBroker,
+    settings: BusSettings,
+    service: str,
+    ready: Callable[[], tuple[bool, str]] = lambda: (True, ""),
+) -> None:
+    """Answer ``Ping`` on ``{ns}.health.{service}`` (queue group: one replica answers)."""
+
+    @broker.subscriber(settings.subjects.health(service), queue=f"{service}-health")
+    async def _health(_: Ping) -> Pong:
+        ok, detail = ready()
+        return Pong(service=service, instance=settings.instance_id, ready=ok, detail=detail)
+
+
+async def serve(
+    broker: NatsBroker,
+    *,
+    on_start: Callable[[], Awaitable[None]] | None = None,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Start the broker, run until ``stop`` is set or SIGINT/SIGTERM, then shut down."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+    await broker.start()
+    try:
+        if on_start:
+            await on_start()
+        await stop.wait()
+    finally:
+        if on_stop:
+            await on_stop()
+        await broker.stop()

@@ -1,0 +1,34 @@
+"""Settings shared by every service: where the bus is and which namespace to use.
+
+Each service subclasses ``BusSettings`` once; it is built at start-up and passed down."""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contracts.subjects import Subjects
+
+
+class BusSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CHORUS_", extra="ignore")
+
+    nats_url: str = Field(
+        default="nats://127.0.0.1:4222",
+        validation_alias=AliasChoices("CHORUS_NATS_URL", "NATS_URL", "nats_url"),
+    )
+    namespace: str = "chorus"
+    instance_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    log_level: str = "INFO"
+    otlp_endpoint: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices(
+            "CHORUS_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint"
+        ),
+    )
+
+    @property
+    def subjects(self) -> Subjects:
+        return Subjects(self.namespace)

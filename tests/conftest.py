@@ -1,0 +1,40 @@
+"""Shared fixtures: real NATS (JetStream) and Redis, started from the Python packages when
+nothing answers at NATS_URL / REDIS_URL (CI and developer machines usually have both)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from services.common.harmony import harmony_encoding
+from services.common.infra import ensure_nats, ensure_redis
+
+
+@pytest.fixture(scope="session")
+def nats_url() -> Iterator[str]:
+    proc, url = ensure_nats(os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+    yield url
+    if proc:
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    proc, url = ensure_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    yield url
+    if proc:
+        proc.stop()
+
+
+@pytest.fixture
+def namespace() -> str:
+    """A namespace of its own for each test, so tests sharing one NATS/Redis never collide."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def encoding():  # type: ignore[no-untyped-def]
+    return harmony_encoding()
