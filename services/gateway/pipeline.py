@@ -100,8 +100,9 @@ class Generation:
     timings: Timings = field(default_factory=Timings)
     finished: bool = False
 
-    async def events(self) -> AsyncIterator[ParseEvent]:
-        """Parser events in order until (and including) ``Finished`` or ``Failed``."""
+    async def batches(self) -> AsyncIterator[list[ParseEvent]]:
+        """Parser events as the parser sent them, one list per engine batch, until (and
+        including) the batch holding ``Finished`` or ``Failed``."""
         expected_seq = 0
         timeout = self._first_timeout
         while not self.finished:
@@ -109,21 +110,28 @@ class Generation:
                 raw = await asyncio.wait_for(self._queue.get(), timeout)
             except TimeoutError:
                 self.finished = True
-                yield Failed(
-                    error=BusError(
-                        code=ErrorCode.TIMEOUT,
-                        message=f"no output from the model for {timeout:g}s",
+                yield [
+                    Failed(
+                        error=BusError(
+                            code=ErrorCode.TIMEOUT,
+                            message=f"no output from the model for {timeout:g}s",
+                        )
                     )
-                )
+                ]
                 return
             timeout = self._idle_timeout
             batch = ParsedBatch.model_validate_json(raw)
             if batch.seq != expected_seq:
                 log.warning("request %s: parser batch %d, expected %d", self.request_id, batch.seq, expected_seq)
             expected_seq = batch.seq + 1
-            for event in batch.events:
-                if isinstance(event, Finished | Failed):
-                    self.finished = True
+            if any(isinstance(e, Finished | Failed) for e in batch.events):
+                self.finished = True
+            yield list(batch.events)
+
+    async def events(self) -> AsyncIterator[ParseEvent]:
+        """Parser events in order until (and including) ``Finished`` or ``Failed``."""
+        async for batch in self.batches():
+            for event in batch:
                 yield event
 
 

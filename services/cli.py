@@ -1,0 +1,214 @@
+"""`chorus`: start the whole stack (`chorus up`) or one service (`chorus serve NAME`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.infra import ManagedProcess, ensure_nats, ensure_redis, free_port
+
+# service name -> module with `Settings` (settings.py) and `run` (app.py)
+SERVICE_MODULES = {
+    "gateway": "services.gateway",
+    "encoder": "services.encoder",
+    "dispatcher": "services.dispatcher",
+    "parser": "services.parser",
+    "tools": "services.tools",
+    "sim-engine": "services.simengine",
+}
+ENGINE_KINDS = ("vllm", "sglang", "sim")
+
+
+def _set_pdeathsig() -> None:
+    """Children die with `chorus up` even if it is killed outright (Linux)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def serve(name: str) -> None:
+    module = SERVICE_MODULES[name]
+    settings_cls = importlib.import_module(f"{module}.settings").Settings
+    run = importlib.import_module(f"{module}.app").run
+    settings = settings_cls()
+    from services.common.runtime import setup_logging
+
+    setup_logging(getattr(settings, "log_level", "INFO"))
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run(settings))
+
+
+def _parse_engine(spec: str) -> str:
+    kind, sep, url = spec.partition("=")
+    if not sep or kind.split("+")[0] not in ENGINE_KINDS or not url.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(
+            f"--engine wants KIND=URL with KIND one of {', '.join(ENGINE_KINDS)}, got {spec!r}"
+        )
+    return spec
+
+
+@dataclass
+class Stack:
+    """The processes `chorus up` owns, stopped in reverse order."""
+
+    procs: list[ManagedProcess] = field(default_factory=list)
+
+    def spawn(self, name: str, service: str, env: dict[str, str], log_dir: Path | None) -> ManagedProcess:
+        args = [sys.executable, "-m", "services.cli", "serve", service]
+        log = open(log_dir / f"{name}.log", "ab") if log_dir else None  # noqa: SIM115
+        proc = ManagedProcess(name, args)
+        proc.proc = subprocess.Popen(
+            args, env=env, stdout=log or None, stderr=subprocess.STDOUT if log else None,
+            preexec_fn=_set_pdeathsig,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def adopt(self, proc: ManagedProcess | None) -> None:
+        if proc is not None:
+            self.procs.append(proc)
+
+    def dead(self) -> ManagedProcess | None:
+        return next((p for p in self.procs if not p.alive()), None)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.alive() and proc.proc is not None:
+                proc.proc.terminate()
+        deadline = time.monotonic() + 8
+        for proc in reversed(self.procs):
+            if proc.proc is None:
+                continue
+            try:
+                proc.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.proc.kill()
+                proc.proc.wait()
+            for d in proc.tempdirs:
+                d.cleanup()
+
+
+def _wait_healthy(url: str, stack: Stack, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        dead = stack.dead()
+        if dead is not None:
+            raise RuntimeError(f"{dead.name} exited during start-up (exit code {dead.proc.returncode if dead.proc else '?'})")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except Exception as exc:  # noqa: BLE001 - keep polling
+            last = str(exc)
+        time.sleep(0.2)
+    raise TimeoutError(f"the stack did not become healthy within {timeout:g}s ({last})")
+
+
+def up(args: argparse.Namespace) -> int:
+    stack = Stack()
+    stopping = False
+
+    def _on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    log_dir = Path(args.log_dir) if args.log_dir else None
+    if log_dir:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        nats_proc, nats_url = ensure_nats(args.nats_url, log_dir / "nats.log" if log_dir else None)
+        stack.adopt(nats_proc)
+        redis_proc, redis_url = ensure_redis(args.redis_url, log_dir / "redis.log" if log_dir else None)
+        stack.adopt(redis_proc)
+        if nats_proc:
+            print(f"chorus: started nats-server (JetStream) at {nats_url}", flush=True)
+        if redis_proc:
+            print(f"chorus: started redis-server at {redis_url}", flush=True)
+        env = {
+            **os.environ,
+            "CHORUS_NATS_URL": nats_url,
+            "CHORUS_REDIS_URL": redis_url,
+            "CHORUS_NAMESPACE": args.namespace,
+            "CHORUS_LOG_LEVEL": args.log_level,
+        }
+        engines = list(args.engine or [])
+        if not engines:
+            sim_port = args.sim_port or free_port()
+            sim_env = {**env, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(sim_port)}
+            stack.spawn("sim-engine", "sim-engine", sim_env, log_dir)
+            engines = [f"sim=http://127.0.0.1:{sim_port}"]
+            print(f"chorus: no --engine given: using the built-in SIMULATED engine at "
+                  f"http://127.0.0.1:{sim_port} (scripted output, not a model)", flush=True)
+        env["CHORUS_ENGINES"] = json.dumps(engines)
+        env["CHORUS_MODELS"] = json.dumps(args.model or ["openai/gpt-oss-20b"])
+        stack.spawn("encoder", "encoder", env, log_dir)
+        stack.spawn("dispatcher", "dispatcher", env, log_dir)
+        for i in range(args.parser_workers):
+            stack.spawn(f"parser-{i + 1}", "parser", env, log_dir)
+        stack.spawn("tools", "tools", env, log_dir)
+        stack.spawn("gateway", "gateway",
+                    {**env, "CHORUS_HOST": args.host, "CHORUS_PORT": str(args.port)}, log_dir)
+        base = f"http://{args.host}:{args.port}"
+        _wait_healthy(f"{base}/health", stack, args.startup_timeout)
+        print(f"chorus: ready at {base}/v1 (models: {', '.join(args.model or ['openai/gpt-oss-20b'])}; "
+              f"engines: {', '.join(engines)})", flush=True)
+        while not stopping:
+            dead = stack.dead()
+            if dead is not None:
+                print(f"chorus: {dead.name} exited unexpectedly; shutting down", file=sys.stderr, flush=True)
+                return 1
+            time.sleep(0.2)
+        return 0
+    except (RuntimeError, TimeoutError, FileNotFoundError) as exc:
+        print(f"chorus: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        print("chorus: stopping", flush=True)
+        stack.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="chorus", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p_up = sub.add_parser("up", help="start the whole stack (embedded NATS/Redis and the simulated engine by default)")
+    p_up.add_argument("--host", default="127.0.0.1")
+    p_up.add_argument("--port", type=int, default=8000)
+    p_up.add_argument("--model", action="append", help="served model name (repeatable)")
+    p_up.add_argument("--engine", action="append", type=_parse_engine,
+                      help="engine worker KIND=URL, KIND: vllm | sglang | sim (repeatable)")
+    p_up.add_argument("--namespace", default=os.environ.get("CHORUS_NAMESPACE", "chorus"))
+    p_up.add_argument("--parser-workers", type=int, default=2)
+    p_up.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+    p_up.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    p_up.add_argument("--sim-port", type=int, default=None, help="port of the simulated engine")
+    p_up.add_argument("--log-dir", default=None, help="write each process's log to DIR/NAME.log")
+    p_up.add_argument("--log-level", default="INFO")
+    p_up.add_argument("--startup-timeout", type=float, default=90.0)
+
+    p_serve = sub.add_parser("serve", help="run one service in this process")
+    p_serve.add_argument("service", choices=sorted(SERVICE_MODULES))
+
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        return up(args)
+    serve(args.service)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""POST /v1/chat/completions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from services.common.bus import BusFailure
+from services.gateway.chat.convert import offered_tools, to_encode_request, to_sampling
+from services.gateway.chat.models import ChatRequest
+from services.gateway.chat.respond import ChatState, usage_json
+from services.gateway.context import get_ctx
+from services.gateway.errors import ApiError
+from services.gateway.pipeline import Generation
+from services.gateway.streaming import first_then_rest, wait_disconnect
+from services.gateway.validation import parse_body
+
+router = APIRouter()
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _chunk(base: dict[str, Any], delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+    body = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                 "finish_reason": finish_reason}]}
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(request: Request) -> Any:
+    ctx = get_ctx(request)
+    body = parse_body(await request.body(), ChatRequest)
+    ctx.check_model(body.model)
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    encode = to_encode_request(body, request_id)
+    sampling = to_sampling(body, ctx.settings.default_max_tokens)
+    names, schemas = offered_tools(body)
+    start = ctx.pipeline.start(request_id, encode, sampling, tool_names=names, tool_schemas=schemas)
+    if body.stream:
+        stream = _stream(start, body, request_id)
+        first = await anext(stream)  # setup errors surface here, as a proper HTTP status
+        return StreamingResponse(
+            first_then_rest(first, stream), media_type="text/event-stream", headers=SSE_HEADERS
+        )
+    async with start as generation:
+        collect = asyncio.ensure_future(_collect(generation))
+        gone = asyncio.ensure_future(wait_disconnect(request))
+        done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if collect not in done:
+            collect.cancel()
+            return JSONResponse({}, status_code=499)  # the client is gone; the engine is aborted
+        gone.cancel()
+        state = collect.result()
+    if state.failed is not None and not (state.content or state.tools or state.reasoning):
+        raise BusFailure(state.failed.error)
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.model,
+        "system_fingerprint": None,
+        "choices": [
+            {"index": 0, "message": state.message(), "logprobs": None,
+             "finish_reason": state.finish_reason}
+        ],
+        "usage": usage_json(state.finished.usage if state.finished else None),
+    }
+
+
+async def _collect(generation: Generation) -> ChatState:
+    state = ChatState()
+    async for batch in generation.batches():
+        state.apply(batch)
+    return state
+
+
+async def _stream(start: Any, body: ChatRequest, request_id: str) -> AsyncIterator[bytes]:
+    base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": body.model, "system_fingerprint": None}
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    async with start as generation:
+        yield _chunk(base, {"role": "assistant", "content": ""})
+        state = ChatState()
+        async for batch in generation.batches():
+            for delta in state.apply(batch):
+                yield _chunk(base, delta)
+        if state.failed is not None:
+            yield b"data: " + json.dumps(state.failed.error.openai_body()).encode() + b"\n\n"
+        else:
+            yield _chunk(base, {}, state.finish_reason)
+            if include_usage:
+                usage = usage_json(state.finished.usage if state.finished else None)
+                yield b"data: " + json.dumps({**base, "choices": [], "usage": usage}).encode() + b"\n\n"
+    yield b"data: [DONE]\n\n"
+
+
+__all__ = ["router", "ApiError"]
