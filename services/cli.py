@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,21 +100,31 @@ class Stack:
                 d.cleanup()
 
 
-def _wait_healthy(url: str, stack: Stack, timeout: float) -> None:
+def _wait_healthy(url: str, stack: Stack, timeout: float) -> str:
+    """Wait for the gateway's /health to say 200. Returns "" when healthy, else what is still
+    missing after ``timeout`` (an engine may come up later: the stack keeps running)."""
     deadline = time.monotonic() + timeout
-    last = ""
+    last = "the gateway does not answer yet"
     while time.monotonic() < deadline:
         dead = stack.dead()
         if dead is not None:
-            raise RuntimeError(f"{dead.name} exited during start-up (exit code {dead.proc.returncode if dead.proc else '?'})")
+            code = dead.proc.returncode if dead.proc else "?"
+            raise RuntimeError(f"{dead.name} exited during start-up (exit code {code})")
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
-                    return
+                    return ""
+        except urllib.error.HTTPError as exc:
+            with contextlib.suppress(Exception):
+                services = json.loads(exc.read()).get("services", {})
+                last = "; ".join(
+                    f"{name}: {info.get('detail') or 'not ready'}"
+                    for name, info in services.items() if not info.get("ready")
+                )
         except Exception as exc:  # noqa: BLE001 - keep polling
             last = str(exc)
         time.sleep(0.2)
-    raise TimeoutError(f"the stack did not become healthy within {timeout:g}s ({last})")
+    return last
 
 
 def up(args: argparse.Namespace) -> int:
@@ -163,9 +174,13 @@ def up(args: argparse.Namespace) -> int:
         stack.spawn("gateway", "gateway",
                     {**env, "CHORUS_HOST": args.host, "CHORUS_PORT": str(args.port)}, log_dir)
         base = f"http://{args.host}:{args.port}"
-        _wait_healthy(f"{base}/health", stack, args.startup_timeout)
-        print(f"chorus: ready at {base}/v1 (models: {', '.join(args.model or ['openai/gpt-oss-20b'])}; "
-              f"engines: {', '.join(engines)})", flush=True)
+        missing = _wait_healthy(f"{base}/health", stack, args.startup_timeout)
+        if missing:
+            print(f"chorus: serving at {base}/v1 but NOT READY: {missing}", file=sys.stderr, flush=True)
+        else:
+            models = ", ".join(args.model or ["openai/gpt-oss-20b"])
+            print(f"chorus: ready at {base}/v1 (models: {models}; engines: {', '.join(engines)})",
+                  flush=True)
         while not stopping:
             dead = stack.dead()
             if dead is not None:
@@ -198,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--sim-port", type=int, default=None, help="port of the simulated engine")
     p_up.add_argument("--log-dir", default=None, help="write each process's log to DIR/NAME.log")
     p_up.add_argument("--log-level", default="INFO")
-    p_up.add_argument("--startup-timeout", type=float, default=90.0)
+    p_up.add_argument("--startup-timeout", type=float, default=60.0)
 
     p_serve = sub.add_parser("serve", help="run one service in this process")
     p_serve.add_argument("service", choices=sorted(SERVICE_MODULES))

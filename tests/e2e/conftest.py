@@ -1,0 +1,180 @@
+"""Whole-stack fixtures: `chorus up` as a user runs it (real services as processes, real NATS
+and Redis), in front of the simulated engine speaking the vLLM or SGLang protocol."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from services.common.infra import free_port, wait_for_port, ManagedProcess
+
+MODEL = "openai/gpt-oss-20b"
+
+
+@dataclass
+class RunningStack:
+    name: str
+    base_url: str
+    namespace: str
+    log_dir: Path
+    proc: subprocess.Popen[bytes]
+    engine_url: str | None = None
+    extra: list[ManagedProcess] = field(default_factory=list)
+
+    def client(self, **kw: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="chorus", max_retries=0,
+                             timeout=30, **kw)  # type: ignore[arg-type]
+
+    def async_client(self, **kw: object) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="chorus", max_retries=0,
+                                  timeout=30, **kw)  # type: ignore[arg-type]
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=30)
+
+    def engine_requests(self) -> list[dict]:
+        assert self.engine_url
+        return httpx.get(f"{self.engine_url}/sim/requests", timeout=5).json()
+
+    def wait_engine(self, predicate: Callable[[dict], bool], timeout: float = 10.0) -> dict:
+        """Wait until the engine has recorded a request matching ``predicate``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for record in self.engine_requests():
+                if predicate(record):
+                    return record
+            time.sleep(0.05)
+        raise AssertionError(f"the engine never recorded a matching request: {self.engine_requests()[-3:]}")
+
+    def logs(self) -> str:
+        out = []
+        for f in sorted(self.log_dir.glob("*.log")):
+            out.append(f"--- {f.name}\n{f.read_text(errors='replace')[-3000:]}")
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for p in self.extra:
+            p.stop()
+
+
+def _health(base_url: str) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(f"{base_url}/health", timeout=2) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        with contextlib.suppress(Exception):
+            return exc.code, json.loads(exc.read())
+        return exc.code, {}
+    except Exception:  # noqa: BLE001
+        return 0, {}
+
+
+def start_sim_engine(protocol: str, incremental: bool = False, log_dir: Path | None = None) -> tuple[ManagedProcess, str]:
+    port = free_port()
+    env = {**os.environ, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(port),
+           "CHORUS_SIM_PROTOCOL": protocol, "CHORUS_SIM_SGLANG_INCREMENTAL": "true" if incremental else "false"}
+    proc = ManagedProcess("sim-engine", [sys.executable, "-m", "services.cli", "serve", "sim-engine"])
+    out = open(log_dir / "sim-engine.log", "ab") if log_dir else subprocess.DEVNULL  # noqa: SIM115
+    proc.proc = subprocess.Popen(proc.args, env=env, stdout=out, stderr=subprocess.STDOUT)
+    wait_for_port("127.0.0.1", port, proc, timeout=30)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def start_stack(name: str, nats_url: str, redis_url: str, *, engines: list[str] | None = None,
+                engine_url: str | None = None, expect_ready: bool = True,
+                extra_args: list[str] | None = None, extra: list[ManagedProcess] | None = None) -> RunningStack:
+    port = free_port()
+    namespace = f"e2e{uuid.uuid4().hex[:8]}"
+    log_dir = Path(tempfile.mkdtemp(prefix=f"chorus-{name}-"))
+    args = [sys.executable, "-m", "services.cli", "up", "--port", str(port), "--namespace", namespace,
+            "--nats-url", nats_url, "--redis-url", redis_url, "--log-dir", str(log_dir),
+            "--model", MODEL, "--parser-workers", "2", *(extra_args or [])]
+    if engines:
+        for e in engines:
+            args += ["--engine", e]
+    else:
+        sim_port = free_port()
+        args += ["--sim-port", str(sim_port)]
+        engine_url = f"http://127.0.0.1:{sim_port}"
+    proc = subprocess.Popen(args, stdout=open(log_dir / "up.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    stack = RunningStack(name, f"http://127.0.0.1:{port}", namespace, log_dir, proc, engine_url, extra or [])
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            stack.stop()
+            raise RuntimeError(f"chorus up exited with {proc.returncode}\n{stack.logs()}")
+        status, body = _health(stack.base_url)
+        if status == 200 or (not expect_ready and status == 503 and body.get("services", {}).get("parser", {}).get("ready")):
+            return stack
+        time.sleep(0.1)
+    stack.stop()
+    raise TimeoutError(f"stack {name} not healthy in time\n{stack.logs()}")
+
+
+class Stacks:
+    """Session-wide stacks, started on first use and stopped at the end."""
+
+    def __init__(self, nats_url: str, redis_url: str) -> None:
+        self.nats_url, self.redis_url = nats_url, redis_url
+        self._stacks: dict[str, RunningStack] = {}
+
+    def get(self, name: str) -> RunningStack:
+        if name not in self._stacks:
+            self._stacks[name] = self._start(name)
+        return self._stacks[name]
+
+    def _start(self, name: str) -> RunningStack:
+        if name == "vllm":  # chorus up's own embedded simulator (vLLM protocol)
+            return start_stack(name, self.nats_url, self.redis_url)
+        if name in ("sglang", "sglang-incremental"):
+            sim, url = start_sim_engine("sglang", incremental=name.endswith("incremental"))
+            return start_stack(name, self.nats_url, self.redis_url, engines=[f"sglang={url}"],
+                               engine_url=url, extra=[sim])
+        if name == "engine-down":
+            dead = f"http://127.0.0.1:{free_port()}"
+            return start_stack(name, self.nats_url, self.redis_url, engines=[f"vllm={dead}"],
+                               expect_ready=False)
+        raise KeyError(name)
+
+    def stop(self) -> None:
+        for stack in self._stacks.values():
+            stack.stop()
+
+
+@pytest.fixture(scope="session")
+def stacks(nats_url: str, redis_url: str) -> Iterator[Stacks]:
+    s = Stacks(nats_url, redis_url)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(stacks: Stacks) -> RunningStack:
+    return stacks.get("vllm")
+
+
+@pytest.fixture(scope="session", params=["vllm", "sglang", "sglang-incremental"])
+def any_stack(request: pytest.FixtureRequest, stacks: Stacks) -> RunningStack:
+    return stacks.get(request.param)

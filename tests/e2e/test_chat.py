@@ -1,0 +1,225 @@
+"""Chat Completions end to end: `chorus up` over real NATS + Redis, driven by the openai client."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+
+from tests.e2e.conftest import MODEL, RunningStack, Stacks
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_models_and_health(stack: RunningStack) -> None:
+    client = stack.client()
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    with stack.http() as http:
+        health = http.get("/health")
+        assert health.status_code == 200
+        assert {"encoder", "dispatcher", "parser"} <= health.json()["services"].keys()
+
+
+def test_plain_completion(any_stack: RunningStack) -> None:
+    client = any_stack.client()
+    resp = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello to Chorus"}]
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.message.content
+    extra = choice.message.model_extra or {}
+    assert extra["reasoning_content"] and extra["reasoning"] == extra["reasoning_content"]
+    assert "<|" not in choice.message.content
+    assert resp.usage is not None and resp.usage.prompt_tokens > 0
+    assert resp.usage.completion_tokens > 0
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    assert resp.usage.completion_tokens_details.reasoning_tokens > 0
+
+
+def test_streamed_completion(any_stack: RunningStack) -> None:
+    client = any_stack.client()
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Stream me an answer"}], stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
+                        for c in chunks if c.choices)
+    reasoning_vllm = "".join((c.choices[0].delta.model_extra or {}).get("reasoning") or ""
+                             for c in chunks if c.choices)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert reasoning and reasoning == reasoning_vllm
+    assert content
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    usage_chunks = [c for c in chunks if not c.choices]
+    assert len(usage_chunks) == 1 and usage_chunks[0].usage.completion_tokens > 0
+    assert chunks[-1] is usage_chunks[0]
+    # the same request unstreamed says the same thing
+    whole = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Stream me an answer"}]
+    )
+    assert whole.choices[0].message.content == content
+
+
+def test_tool_call(any_stack: RunningStack) -> None:
+    client = any_stack.client()
+    resp = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+    )
+    choice = resp.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.id.startswith("call_") and call.type == "function"
+    assert call.function.name == "get_weather"
+    assert isinstance(json.loads(call.function.arguments), dict)
+    assert "city" in json.loads(call.function.arguments)
+    assert not (choice.message.content or "").strip().startswith("{")
+
+
+def test_streamed_tool_call(any_stack: RunningStack) -> None:
+    client = any_stack.client()
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo please"}],
+        tools=[WEATHER_TOOL], stream=True,
+    ))
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert deltas[0].index == 0 and deltas[0].id.startswith("call_")
+    assert deltas[0].function.name == "get_weather"
+    args = "".join(d.function.arguments or "" for d in deltas)
+    assert json.loads(args)["city"]
+    assert all(d.id is None for d in deltas[1:])
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+
+def test_tool_result_turn(any_stack: RunningStack) -> None:
+    client = any_stack.client()
+    first = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[WEATHER_TOOL],
+    )
+    call = first.choices[0].message.tool_calls[0]
+    reasoning = (first.choices[0].message.model_extra or {}).get("reasoning")
+    messages = [
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"role": "assistant", "content": None, "reasoning": reasoning,
+         "tool_calls": [{"id": call.id, "type": "function",
+                         "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 C"},
+    ]
+    second = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL])
+    assert second.choices[0].finish_reason == "stop"
+    assert "Sunny, 24 C" in second.choices[0].message.content
+
+
+def test_agent_history_with_reasoning_content_and_parallel_calls(stack: RunningStack) -> None:
+    """OpenCode-style history: one assistant message with reasoning, content and two calls."""
+    client = stack.client()
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Weather in Paris and Rome?"},
+        {"role": "assistant", "content": "Checking both.", "reasoning_content": "Two cities.",
+         "tool_calls": [
+             {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+             {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}},
+         ]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "Paris: rain"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "Rome: sun"},
+    ]
+    resp = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL])
+    assert resp.choices[0].finish_reason == "stop"
+    assert resp.choices[0].message.content
+
+
+def test_max_tokens_cut(stack: RunningStack) -> None:
+    client = stack.client()
+    resp = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Tell me a long story"}], max_tokens=5
+    )
+    assert resp.choices[0].finish_reason == "length"
+    assert resp.usage.completion_tokens == 5
+
+
+def test_client_disconnect_aborts_engine(stack: RunningStack) -> None:
+    client = stack.client()
+    stream = client.chat.completions.create(
+        model=MODEL, stream=True,
+        messages=[{"role": "user", "content": "go on forever [[sim:tokens=5000]] [[sim:delay_ms=5]]"}],
+    )
+    request_id = None
+    for i, chunk in enumerate(stream):
+        request_id = chunk.id
+        if i >= 3:
+            break
+    stream.close()
+    assert request_id
+    record = stack.wait_engine(lambda r: r.get("request_id") == request_id and r.get("aborted"))
+    assert record["aborted"]
+
+
+def test_engine_down_is_a_clear_error(stacks: Stacks) -> None:
+    down = stacks.get("engine-down")
+    client = down.client()
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert err.value.status_code in (502, 503)
+    body = err.value.response.json()
+    assert body["error"]["message"] and body["error"]["type"] == "server_error"
+    with pytest.raises(openai.APIStatusError) as err2:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], stream=True)
+    assert err2.value.status_code in (502, 503)
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"model": MODEL}, "messages"),
+        ({"model": MODEL, "messages": []}, "messages"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 2}, "n"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "bogus": 1}, "bogus"),
+        ({"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 9}, "temperature"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+    ],
+)
+def test_bad_requests_get_openai_errors(stack: RunningStack, body: dict, param: str) -> None:
+    with stack.http() as http:
+        resp = http.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["message"]
+
+
+def test_bad_json_and_unknown_model(stack: RunningStack) -> None:
+    with stack.http() as http:
+        resp = http.post("/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"})
+        assert resp.status_code == 400 and "JSON" in resp.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError) as err:
+        stack.client().chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
+    assert err.value.response.json()["error"]["param"] == "model"
+
+
+def test_unknown_route_is_openai_shaped(stack: RunningStack) -> None:
+    resp = httpx.get(f"{stack.base_url}/v1/nothing-here")
+    assert resp.status_code == 404 and "error" in resp.json()
