@@ -50,6 +50,31 @@ def serve(name: str) -> None:
         asyncio.run(run(settings))
 
 
+async def ping(service: str, timeout: float) -> int:
+    from pydantic import TypeAdapter
+
+    from contracts.messages.control import Ping, Pong
+    from services.common import bus
+    from services.common.settings import BusSettings
+
+    settings = BusSettings()
+    try:
+        nc = await bus.connect(settings.nats_url, "chorus-ping")
+    except Exception as exc:  # noqa: BLE001 - reported below
+        print(f"{service}: cannot reach NATS at {settings.nats_url}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        pong = await bus.request(nc, settings.subjects.health(service), Ping(), TypeAdapter(Pong),
+                                 request_id="ping", timeout=timeout, service=service)
+    except bus.BusFailure as exc:
+        print(f"{service}: {exc.error.message}", file=sys.stderr)
+        return 1
+    finally:
+        await nc.close()
+    print(f"{service} {pong.instance}: {'ready' if pong.ready else 'NOT ready'} {pong.detail}".rstrip())
+    return 0 if pong.ready else 1
+
+
 def _parse_engine(spec: str) -> str:
     kind, sep, url = spec.partition("=")
     if not sep or kind.split("+")[0] not in ENGINE_KINDS or not url.startswith(("http://", "https://")):
@@ -218,9 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     p_serve = sub.add_parser("serve", help="run one service in this process")
     p_serve.add_argument("service", choices=sorted(SERVICE_MODULES))
 
+    p_ping = sub.add_parser("ping", help="exit 0 when a replica of SERVICE answers ready on the bus")
+    p_ping.add_argument("service", choices=[s for s in SERVICE_MODULES if s not in ("gateway", "sim-engine")])
+    p_ping.add_argument("--timeout", type=float, default=3.0)
+
     args = parser.parse_args(argv)
     if args.command == "up":
         return up(args)
+    if args.command == "ping":
+        return asyncio.run(ping(args.service, args.timeout))
     serve(args.service)
     return 0
 
