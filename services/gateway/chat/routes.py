@@ -44,10 +44,12 @@ async def chat_completions(request: Request) -> Any:
     names, schemas = offered_tools(body)
     start = ctx.pipeline.start(request_id, encode, sampling, tool_names=names, tool_schemas=schemas)
     if body.stream:
-        stream = _stream(start, body, request_id)
+        holder: list[Generation] = []
+        stream = _stream(start, body, request_id, holder)
         first = await anext(stream)  # setup errors surface here, as a proper HTTP status
         return StreamingResponse(
-            first_then_rest(first, stream), media_type="text/event-stream", headers=SSE_HEADERS
+            first_then_rest(first, stream), media_type="text/event-stream",
+            headers={**SSE_HEADERS, **server_timing(holder[0])},
         )
     async with start as generation:
         collect = asyncio.ensure_future(_collect(generation))
@@ -60,7 +62,7 @@ async def chat_completions(request: Request) -> Any:
         state = collect.result()
     if state.failed is not None and not (state.content or state.tools or state.reasoning):
         raise BusFailure(state.failed.error)
-    return {
+    body_json = {
         "id": request_id,
         "object": "chat.completion",
         "created": int(time.time()),
@@ -72,6 +74,7 @@ async def chat_completions(request: Request) -> Any:
         ],
         "usage": usage_json(state.finished.usage if state.finished else None),
     }
+    return JSONResponse(body_json, headers=server_timing(generation))
 
 
 async def _collect(generation: Generation) -> ChatState:
@@ -81,11 +84,21 @@ async def _collect(generation: Generation) -> ChatState:
     return state
 
 
-async def _stream(start: Any, body: ChatRequest, request_id: str) -> AsyncIterator[bytes]:
+def server_timing(generation: Generation) -> dict[str, str]:
+    """How long set-up took on the bus (encode incl. prompt rendering, and engine accept)."""
+    t = generation.timings
+    return {"Server-Timing": f"encode;dur={t.encode_ms:.3f}, render;dur={t.render_ms:.3f}, "
+                             f"accept;dur={t.accept_ms:.3f}"}
+
+
+async def _stream(
+    start: Any, body: ChatRequest, request_id: str, holder: list[Generation]
+) -> AsyncIterator[bytes]:
     base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": body.model, "system_fingerprint": None}
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     async with start as generation:
+        holder.append(generation)
         yield _chunk(base, {"role": "assistant", "content": ""})
         state = ChatState()
         async for batch in generation.batches():

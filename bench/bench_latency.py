@@ -1,0 +1,228 @@
+"""Benchmark (not a test): what Chorus adds over calling the engine directly.
+
+Starts the simulated engine (vLLM protocol, zero delay) and `chorus up` in front of it, then
+prints, over the same conversation:
+  - time to first token and total latency, direct vs through Chorus (p50/p99), at concurrency
+    1 and 32 (>= 200 requests each);
+  - prompt rendering time (the encoder's, reported by the gateway's Server-Timing header);
+  - output tokens/s through the whole stack at concurrency 64;
+  - resident memory of every service process under that load.
+
+    python bench/bench_latency.py [--requests 200] [--tokens 64] [--throughput-tokens 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from services.common.harmony import harmony_encoding  # noqa: E402
+from services.common.infra import free_port  # noqa: E402
+
+MODEL = "openai/gpt-oss-20b"
+
+
+def pct(values: list[float], p: float) -> float:
+    values = sorted(values)
+    k = max(0, min(len(values) - 1, round(p / 100 * (len(values) - 1))))
+    return values[k]
+
+
+def prompt_ids(text: str) -> list[int]:
+    from openai_harmony import Conversation, Message, Role, SystemContent
+
+    enc = harmony_encoding()
+    conv = Conversation.from_messages([
+        Message.from_role_and_content(Role.SYSTEM, SystemContent.new()),
+        Message.from_role_and_content(Role.USER, text),
+    ])
+    return list(enc.render_conversation_for_completion(conv, Role.ASSISTANT))
+
+
+async def direct_once(http: httpx.AsyncClient, engine: str, ids: list[int]) -> tuple[float, float, int]:
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 4096, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True,
+            "skip_special_tokens": False, "stop_token_ids": [200002, 200012]}
+    t0 = time.perf_counter()
+    ttft = None
+    tokens = 0
+    async with http.stream("POST", f"{engine}/v1/completions", json=body) as resp:
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices") and chunk["choices"][0].get("token_ids"):
+                if ttft is None:
+                    ttft = time.perf_counter() - t0
+                tokens += len(chunk["choices"][0]["token_ids"])
+    return ttft or 0.0, time.perf_counter() - t0, tokens
+
+
+async def chorus_once(http: httpx.AsyncClient, base: str, text: str, timings: list[float]) -> tuple[float, float, int]:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "stream": True,
+            "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    ttft = None
+    tokens = 0
+    async with http.stream("POST", f"{base}/v1/chat/completions", json=body) as resp:
+        st = resp.headers.get("server-timing", "")
+        for part in st.split(","):
+            if part.strip().startswith("render;dur="):
+                timings.append(float(part.split("=")[1]))
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if chunk.get("choices"):
+                d = chunk["choices"][0]["delta"]
+                if ttft is None and (d.get("reasoning") or d.get("content") or d.get("tool_calls")):
+                    ttft = time.perf_counter() - t0
+    return ttft or 0.0, time.perf_counter() - t0, tokens
+
+
+async def run_load(fn, n: int, concurrency: int) -> list[tuple[float, float, int]]:  # type: ignore[no-untyped-def]
+    sem = asyncio.Semaphore(concurrency)
+    results: list[tuple[float, float, int]] = []
+
+    async def one() -> None:
+        async with sem:
+            results.append(await fn())
+
+    await asyncio.gather(*(one() for _ in range(n)))
+    return results
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def children(pid: int) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+                out[int(entry.name)] = cmd.split("serve ")[-1] if "serve " in cmd else cmd.split("/")[-1][:40]
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def report(name: str, rows: list[tuple[float, float, int]]) -> dict[str, float]:
+    ttft = [r[0] * 1000 for r in rows]
+    total = [r[1] * 1000 for r in rows]
+    figures = {"ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
+               "total_p50": pct(total, 50), "total_p99": pct(total, 99)}
+    print(f"  {name:<8} TTFT p50 {figures['ttft_p50']:7.2f} ms  p99 {figures['ttft_p99']:7.2f} ms   "
+          f"total p50 {figures['total_p50']:7.2f} ms  p99 {figures['total_p99']:7.2f} ms  (n={len(rows)})")
+    return figures
+
+
+async def main(args: argparse.Namespace) -> None:
+    log_dir = Path(tempfile.mkdtemp(prefix="chorus-bench-"))
+    sim_port, port = free_port(), free_port()
+    engine = f"http://127.0.0.1:{sim_port}"
+    env = {**os.environ, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(sim_port),
+           "CHORUS_SIM_PROTOCOL": "vllm", "CHORUS_SIM_TOKEN_DELAY_MS": "0"}
+    sim = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "sim-engine"], env=env,
+                           stdout=open(log_dir / "sim.log", "wb"), stderr=subprocess.STDOUT)
+    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(port),
+                           "--engine", f"sim={engine}", "--namespace", f"bench{port}",
+                           "--parser-workers", str(args.parser_workers), "--log-dir", str(log_dir),
+                           "--log-level", "WARNING"],
+                          stdout=open(log_dir / "up.out", "wb"), stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except Exception:  # noqa: BLE001
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit(f"stack did not start; logs in {log_dir}")
+            await asyncio.sleep(0.2)
+        text = f"Benchmark question [[sim:tokens={args.tokens}]]"
+        ids = prompt_ids(text)
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+            render: list[float] = []
+            for _ in range(20):  # warm-up
+                await direct_once(http, engine, ids)
+                await chorus_once(http, base, text, render)
+            print(f"Chorus benchmark on {os.cpu_count()} cores; simulated engine at zero delay; "
+                  f"{args.tokens}-token answers; logs in {log_dir}")
+            summary = {}
+            for conc in (1, 32):
+                print(f"concurrency {conc}:")
+                d = report("direct", await run_load(lambda: direct_once(http, engine, ids), args.requests, conc))
+                render.clear()
+                c = report("chorus", await run_load(lambda: chorus_once(http, base, text, render), args.requests, conc))
+                added = c["ttft_p50"] - d["ttft_p50"]
+                print(f"  added by Chorus: TTFT p50 +{added:.2f} ms, total p50 +{c['total_p50'] - d['total_p50']:.2f} ms; "
+                      f"prompt rendering p50 {statistics.median(render) if render else 0:.3f} ms (included above)")
+                summary[conc] = (d, c)
+            ttext = f"Throughput run [[sim:tokens={args.throughput_tokens}]]"
+            n = args.throughput_requests
+            t0 = time.perf_counter()
+            peak: dict[str, float] = {}
+
+            async def sample_rss() -> None:
+                while True:
+                    for pid, name in children(up.pid).items():
+                        peak[f"{name}[{pid}]"] = max(peak.get(f"{name}[{pid}]", 0.0), rss_mb(pid))
+                    await asyncio.sleep(0.5)
+
+            sampler = asyncio.ensure_future(sample_rss())
+            rows = await run_load(lambda: chorus_once(http, base, ttext, []), n, 64)
+            wall = time.perf_counter() - t0
+            sampler.cancel()
+            tokens = sum(r[2] for r in rows)
+            print(f"throughput at concurrency 64: {tokens} output tokens in {wall:.2f} s = "
+                  f"{tokens / wall:,.0f} tokens/s through the whole stack ({n} requests)")
+            print("peak RSS per process under that load:")
+            for name, mb in sorted(peak.items()):
+                print(f"  {name:<40} {mb:6.1f} MB")
+    finally:
+        up.terminate()
+        up.wait(30)
+        sim.terminate()
+        sim.wait(10)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--throughput-tokens", type=int, default=2000)
+    ap.add_argument("--throughput-requests", type=int, default=128)
+    ap.add_argument("--parser-workers", type=int, default=2)
+    asyncio.run(main(ap.parse_args()))
