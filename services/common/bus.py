@@ -15,6 +15,7 @@ from pydantic import BaseModel, TypeAdapter
 
 from contracts.errors import BusError, ErrorCode
 from contracts.subjects import REQUEST_ID_HEADER
+from services.common.telemetry import inject
 
 T = TypeVar("T")
 
@@ -43,10 +44,11 @@ def dump(msg: BaseModel) -> bytes:
 
 
 def headers_for(request_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Headers for a bus message: the request id, and the current trace context."""
     headers = {REQUEST_ID_HEADER: request_id, "content-type": "application/json"}
     if extra:
         headers.update(extra)
-    return headers
+    return inject(headers)
 
 
 async def request(

@@ -11,6 +11,7 @@ from faststream.nats import NatsBroker
 
 from contracts.messages.control import Ping, Pong
 from services.common.settings import BusSettings
+from services.common.telemetry import setup_tracing
 
 log = logging.getLogger("chorus")
 
@@ -25,12 +26,21 @@ def setup_logging(level: str) -> None:
 
 
 def make_broker(settings: BusSettings, name: str) -> NatsBroker:
+    """The service's broker; with tracing configured, faststream's telemetry middleware opens a
+    span per handled message, continuing the trace carried in the message headers."""
+    provider = setup_tracing(name, settings.otlp_endpoint)
+    middlewares = []
+    if provider is not None:
+        from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+
+        middlewares.append(NatsTelemetryMiddleware(tracer_provider=provider))
     return NatsBroker(
         settings.nats_url,
         name=f"chorus-{name}-{settings.instance_id}",
         logger=None,
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
+        middlewares=middlewares,
     )
 
 
