@@ -35,6 +35,8 @@ class RunningStack:
     proc: subprocess.Popen[bytes]
     engine_url: str | None = None
     extra: list[ManagedProcess] = field(default_factory=list)
+    nats_url: str = ""
+    redis_url: str = ""
 
     def client(self, **kw: object) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="chorus", max_retries=0,
@@ -60,6 +62,18 @@ class RunningStack:
                     return record
             time.sleep(0.05)
         raise AssertionError(f"the engine never recorded a matching request: {self.engine_requests()[-3:]}")
+
+    def engine_prompt(self, request_id: str) -> str:
+        """The prompt text the engine received for the (last) generation of ``request_id``
+        (a chat completion id or a response id)."""
+        matches = [r for r in self.engine_requests() if request_id in (r.get("request_id") or "")]
+        assert matches, f"the engine saw no request for {request_id}"
+        record = matches[-1]
+        if record.get("prompt_text"):
+            return str(record["prompt_text"])
+        from services.common.harmony import harmony_encoding
+
+        return harmony_encoding().decode_utf8(record["prompt_token_ids"])
 
     def logs(self) -> str:
         out = []
@@ -119,7 +133,8 @@ def start_stack(name: str, nats_url: str, redis_url: str, *, engines: list[str] 
         args += ["--sim-port", str(sim_port)]
         engine_url = f"http://127.0.0.1:{sim_port}"
     proc = subprocess.Popen(args, stdout=open(log_dir / "up.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
-    stack = RunningStack(name, f"http://127.0.0.1:{port}", namespace, log_dir, proc, engine_url, extra or [])
+    stack = RunningStack(name, f"http://127.0.0.1:{port}", namespace, log_dir, proc, engine_url,
+                         extra or [], nats_url, redis_url)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
