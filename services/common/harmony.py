@@ -48,9 +48,9 @@ def _default_cache_dir() -> Path:
 def ensure_vocabulary(cache_dir: Path | None = None) -> Path:
     """Make the verified vocabulary available and set TIKTOKEN_ENCODINGS_BASE; return its dir."""
     preset = os.environ.get("TIKTOKEN_ENCODINGS_BASE")
-    if preset and (Path(preset) / VOCAB_FILE).is_file():
-        if _sha256(Path(preset) / VOCAB_FILE) == VOCAB_SHA256:
-            return Path(preset)
+    preset_file = Path(preset) / VOCAB_FILE if preset else None
+    if preset_file is not None and preset_file.is_file() and _sha256(preset_file) == VOCAB_SHA256:
+        return preset_file.parent
     target_dir = cache_dir or _default_cache_dir()
     target = target_dir / VOCAB_FILE
     if not (target.is_file() and _sha256(target) == VOCAB_SHA256):

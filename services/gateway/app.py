@@ -21,6 +21,7 @@ from contracts.subjects import SERVICES
 from services.common import bus
 from services.common.bus import BusFailure
 from services.common.runtime import setup_logging
+from services.common.telemetry import setup_tracing
 from services.gateway.chat.routes import router as chat_router
 from services.gateway.context import GatewayContext, get_ctx
 from services.gateway.errors import ApiError
@@ -165,6 +166,7 @@ async def _responses_shutdown(ctx: GatewayContext) -> None:
 
 async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     setup_logging(settings.log_level)
+    setup_tracing("gateway", settings.otlp_endpoint)
     config = uvicorn.Config(
         build_app(settings), host=settings.host, port=settings.port,
         log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5,

@@ -20,8 +20,8 @@ class GatewayContext:
     tools: Any = None  # a tools-service client for the MCP loop, set by app.py
 
     def check_model(self, model: str) -> None:
-        from services.gateway.errors import ApiError
         from contracts.errors import BusError, ErrorCode
+        from services.gateway.errors import ApiError
 
         if model not in self.settings.models:
             raise ApiError(

@@ -27,7 +27,12 @@ from pydantic import TypeAdapter
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.control import Cancel, Ping, Pong
 from contracts.messages.encode import EncodedPrompt, EncodeReply, EncodeRequest
-from contracts.messages.generate import GenerateAccepted, GenerateReply, GenerateRequest, SamplingParams
+from contracts.messages.generate import (
+    GenerateAccepted,
+    GenerateReply,
+    GenerateRequest,
+    SamplingParams,
+)
 from contracts.messages.parse import (
     Failed,
     Finished,
@@ -39,7 +44,6 @@ from contracts.messages.parse import (
 )
 from contracts.subjects import REQUEST_ID_HEADER, Subjects
 from services.common import bus
-from services.common.bus import BusFailure
 
 log = logging.getLogger("chorus.gateway")
 

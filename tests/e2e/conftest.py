@@ -21,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from services.common.infra import free_port, wait_for_port, ManagedProcess
+from services.common.infra import ManagedProcess, free_port, wait_for_port
 
 MODEL = "openai/gpt-oss-20b"
 

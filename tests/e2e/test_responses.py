@@ -6,14 +6,11 @@ import json
 import os
 import subprocess
 import sys
-import time
-import uuid
 
-import httpx
 import openai
 import pytest
 
-from services.common.infra import free_port, wait_for_port, ManagedProcess
+from services.common.infra import ManagedProcess, free_port, wait_for_port
 from tests.e2e.conftest import MODEL, RunningStack
 
 WEATHER = {

@@ -11,7 +11,9 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from opentelemetry.trace import use_span as trace_use_span
 
+from services.common import telemetry
 from services.common.bus import BusFailure
 from services.gateway.chat.convert import offered_tools, to_encode_request, to_sampling
 from services.gateway.chat.models import ChatRequest
@@ -43,9 +45,19 @@ async def chat_completions(request: Request) -> Any:
     sampling = to_sampling(body, ctx.settings.default_max_tokens)
     names, schemas = offered_tools(body)
     start = ctx.pipeline.start(request_id, encode, sampling, tool_names=names, tool_schemas=schemas)
+    span = telemetry.tracer().start_span(f"chat {body.model}", attributes={
+        telemetry.GEN_AI_OPERATION: "chat", telemetry.GEN_AI_SYSTEM: "openai",
+        telemetry.GEN_AI_REQUEST_MODEL: body.model, telemetry.GEN_AI_RESPONSE_ID: request_id,
+    })
+    with trace_use_span(span, end_on_exit=not body.stream):
+        return await _respond(request, ctx, body, request_id, start, span)
+
+
+async def _respond(request: Request, ctx: Any, body: ChatRequest, request_id: str, start: Any,
+                   span: Any) -> Any:
     if body.stream:
         holder: list[Generation] = []
-        stream = _stream(start, body, request_id, holder)
+        stream = _stream(start, body, request_id, holder, span)
         first = await anext(stream)  # setup errors surface here, as a proper HTTP status
         return StreamingResponse(
             first_then_rest(first, stream), media_type="text/event-stream",
@@ -60,6 +72,7 @@ async def chat_completions(request: Request) -> Any:
             return JSONResponse({}, status_code=499)  # the client is gone; the engine is aborted
         gone.cancel()
         state = collect.result()
+        _record(span, state)
     if state.failed is not None and not (state.content or state.tools or state.reasoning):
         raise BusFailure(state.failed.error)
     body_json = {
@@ -84,6 +97,14 @@ async def _collect(generation: Generation) -> ChatState:
     return state
 
 
+def _record(span: Any, state: ChatState) -> None:
+    """GenAI semantic-convention attributes for the finished request."""
+    if state.finished is not None:
+        span.set_attribute(telemetry.GEN_AI_USAGE_INPUT_TOKENS, state.finished.usage.prompt_tokens)
+        span.set_attribute(telemetry.GEN_AI_USAGE_OUTPUT_TOKENS, state.finished.usage.completion_tokens)
+    span.set_attribute(telemetry.GEN_AI_RESPONSE_FINISH_REASONS, [state.finish_reason])
+
+
 def server_timing(generation: Generation) -> dict[str, str]:
     """How long set-up took on the bus (encode incl. prompt rendering, and engine accept)."""
     t = generation.timings
@@ -92,7 +113,17 @@ def server_timing(generation: Generation) -> dict[str, str]:
 
 
 async def _stream(
-    start: Any, body: ChatRequest, request_id: str, holder: list[Generation]
+    start: Any, body: ChatRequest, request_id: str, holder: list[Generation], span: Any
+) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in _stream_chunks(start, body, request_id, holder, span):
+            yield chunk
+    finally:
+        span.end()
+
+
+async def _stream_chunks(
+    start: Any, body: ChatRequest, request_id: str, holder: list[Generation], span: Any
 ) -> AsyncIterator[bytes]:
     base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": body.model, "system_fingerprint": None}
@@ -104,6 +135,7 @@ async def _stream(
         async for batch in generation.batches():
             for delta in state.apply(batch):
                 yield _chunk(base, delta)
+        _record(span, state)
         if state.failed is not None:
             yield b"data: " + json.dumps(state.failed.error.openai_body()).encode() + b"\n\n"
         else:
