@@ -149,7 +149,7 @@ def _coalesce(deltas: list[Delta]) -> list[Delta]:
                 continue
             if "tool_calls" in d:
                 p, n = prev["tool_calls"][0], d["tool_calls"][0]
-                if p["index"] == n["index"] and "id" not in n:
+                if p["index"] == n["index"] and "id" not in p and "id" not in n:
                     p["function"]["arguments"] += n["function"]["arguments"]
                     continue
         out.append(d)
