@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from faststream.nats import NatsBroker
 
 from contracts.messages.control import Ping, Pong
+from services.common.metrics import serve_metrics
 from services.common.settings import BusSettings
 from services.common.telemetry import setup_tracing
 
@@ -30,6 +31,7 @@ def make_broker(settings: BusSettings, name: str) -> NatsBroker:
     """The service's broker; with tracing configured, faststream's telemetry middleware opens a
     span per handled message, continuing the trace carried in the message headers."""
     provider = setup_tracing(name, settings.otlp_endpoint)
+    serve_metrics(settings.metrics_port)
     middlewares = []
     if provider is not None:
         from faststream.nats.opentelemetry import NatsTelemetryMiddleware

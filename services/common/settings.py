@@ -22,6 +22,7 @@ class BusSettings(BaseSettings):
     namespace: str = "chorus"
     instance_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     log_level: str = "INFO"
+    metrics_port: int | None = None  # serve Prometheus metrics on this port (bus-only services)
     otlp_endpoint: str | None = Field(
         default=None,
         validation_alias=AliasChoices(

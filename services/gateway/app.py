@@ -13,7 +13,8 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.errors import BusError, ErrorCode
@@ -116,6 +117,10 @@ def build_app(settings: Settings) -> FastAPI:
                 status["redis"] = {"ready": False, "detail": str(exc)}
         return JSONResponse({"status": "ok" if ok else "unavailable", "services": status},
                             status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

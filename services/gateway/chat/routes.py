@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from opentelemetry.trace import use_span as trace_use_span
 
-from services.common import telemetry
+from services.common import metrics, telemetry
 from services.common.bus import BusFailure
 from services.gateway.chat.convert import offered_tools, to_encode_request, to_sampling
 from services.gateway.chat.models import ChatRequest
@@ -98,7 +98,10 @@ async def _collect(generation: Generation) -> ChatState:
 
 
 def _record(span: Any, state: ChatState) -> None:
-    """GenAI semantic-convention attributes for the finished request."""
+    """GenAI semantic-convention attributes and metrics for the finished request."""
+    metrics.REQUESTS.labels("chat", "failed" if state.failed else state.finish_reason).inc()
+    if state.finished is not None:
+        metrics.OUTPUT_TOKENS.labels("chat").inc(state.finished.usage.completion_tokens)
     if state.finished is not None:
         span.set_attribute(telemetry.GEN_AI_USAGE_INPUT_TOKENS, state.finished.usage.prompt_tokens)
         span.set_attribute(telemetry.GEN_AI_USAGE_OUTPUT_TOKENS, state.finished.usage.completion_tokens)
