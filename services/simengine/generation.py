@@ -1,0 +1,176 @@
+"""One SIMULATED generation, protocol-neutral: the scripted token ids, cut by max_tokens and
+stop ids, paced into chunks. The vLLM and SGLang front ends only format what this yields."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from openai_harmony import HarmonyEncoding
+
+from services.simengine.script import Outcome, Script, limit, plan
+from services.simengine.settings import Settings
+from services.simengine.state import Recorder, RequestRecord
+
+# What ends generation on its own (ignore_eos=False), like the model's EOS ids; <|call|> stops
+# only when the client lists it in stop_token_ids (then vLLM reports it as stop_reason).
+EOS_TOKEN_IDS = (200002, 199999)
+SPECIAL_TOKEN_START = 199998
+
+
+class SimRequestError(Exception):
+    """An error the engine answers with an HTTP status before streaming."""
+
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A chunk of output as the engine would deliver it."""
+
+    token_ids: list[int]
+    sent: int  # tokens delivered so far, this chunk included
+    last: bool  # the chunk that finishes the generation (carries finish_reason)
+    error: str | None = None  # a mid-stream failure after the tokens so far
+
+
+class Generation:
+    def __init__(
+        self,
+        record: RequestRecord,
+        script: Script,
+        outcome: Outcome,
+        settings: Settings,
+        recorder: Recorder,
+        cached_tokens: int,
+    ) -> None:
+        self.record, self.script, self.outcome = record, script, outcome
+        self.settings, self.recorder = settings, recorder
+        self.cached_tokens = cached_tokens
+        said = script.directives
+        delay_ms = said.delay_ms
+        self.chunk_size = max(1, settings.tokens_per_chunk)
+        self.delay_s = (
+            delay_ms / 1000 if delay_ms is not None else settings.token_delay_ms * self.chunk_size / 1000
+        )
+        self.error_after = said.error_after
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.record.prompt_token_ids)
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """The output in chunks, paced; stops early when the request is aborted."""
+        ids = self.outcome.token_ids
+        total = len(ids) if self.error_after is None else min(len(ids), max(0, self.error_after))
+        failing = self.error_after is not None and self.error_after < len(ids)
+        if self.settings.prefill_delay_ms > 0:
+            await asyncio.sleep(self.settings.prefill_delay_ms / 1000)
+        self.recorder.running += 1
+        try:
+            sent = 0
+            while sent < total or (sent == 0 and not failing):
+                if self.record.aborted:
+                    return
+                chunk = ids[sent : sent + self.chunk_size] if sent < total else []
+                if failing:
+                    chunk = chunk[: total - sent]
+                sent += len(chunk)
+                last = not failing and sent >= len(ids)
+                yield Piece(chunk, sent, last)
+                if last:
+                    return
+                await self._pause()
+            if failing and not self.record.aborted:
+                yield Piece([], sent, True, error=f"simulated engine failure after {sent} tokens")
+        finally:
+            self.recorder.running -= 1
+
+
+    async def _pause(self) -> None:
+        """The pause between chunks; wakes early on an abort. Zero delay still yields to the
+        loop, for fairness across streams and to notice disconnects."""
+        if self.delay_s <= 0:
+            await asyncio.sleep(0)
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.record.aborted_event.wait(), self.delay_s)
+
+
+def prepare(
+    recorder: Recorder,
+    encoding: HarmonyEncoding,
+    settings: Settings,
+    *,
+    request_id: str,
+    protocol: str,
+    prompt_ids: Sequence[int],
+    max_tokens: int | None,
+    stop_token_ids: Sequence[int],
+    ignore_eos: bool,
+    params: dict[str, object],
+    stream: bool,
+) -> Generation:
+    """Validate, script and record a request. Raises ``SimRequestError`` (recorded as well)."""
+    prompt = list(prompt_ids)
+    record = RequestRecord(request_id, protocol, prompt, params, stream)
+    recorder.add(record)
+    if not prompt:
+        raise SimRequestError(400, "The prompt is empty: at least one token id is required.")
+    bad = next((t for t in prompt if not 0 <= t < settings.vocab_size), None)
+    if bad is not None:
+        raise SimRequestError(400, f"Token id {bad} is out of vocabulary")
+    if len(prompt) >= settings.max_model_len or (
+        max_tokens is not None and len(prompt) + max_tokens > settings.max_model_len
+    ):
+        requested = len(prompt) + (max_tokens or 0)
+        raise SimRequestError(
+            400,
+            f"This model's maximum context length is {settings.max_model_len} tokens. However, you "
+            f"requested {requested} tokens ({len(prompt)} in the messages, {max_tokens or 0} in the "
+            "completion). Please reduce the length of the messages or completion.",
+        )
+    try:
+        script = plan(prompt, encoding)
+    except Exception as exc:  # undecodable prompt
+        raise SimRequestError(400, f"Invalid prompt: {exc}") from exc
+    record.prompt_text = script.prompt_text
+    if script.directives.status is not None:
+        status = script.directives.status
+        raise SimRequestError(
+            status,
+            f"simulated engine error (status {status}) requested by [[sim:status]]",
+            "ServiceUnavailableError" if status >= 500 else "BadRequestError",
+        )
+    room = settings.max_model_len - len(prompt)
+    cap = min(max_tokens, room) if max_tokens is not None else room
+    outcome = limit(script.output_ids, cap, stop_token_ids, () if ignore_eos else EOS_TOKEN_IDS)
+    cached = recorder.prefix_cache.lookup_and_insert(prompt)
+    return Generation(record, script, outcome, settings, recorder, cached)
+
+
+def decode_text(encoding: HarmonyEncoding, ids: Sequence[int], skip_special: bool) -> str:
+    """Text for ids (lossy at split UTF-8 sequences, as a detokenizer would be mid-stream)."""
+    if skip_special:
+        ids = [t for t in ids if t < SPECIAL_TOKEN_START]
+    return encoding.decode(list(ids)) if ids else ""
+
+
+class IncrementalText:
+    """Delta text per chunk, holding back ids that end inside a UTF-8 sequence."""
+
+    def __init__(self, encoding: HarmonyEncoding, skip_special: bool) -> None:
+        self.encoding, self.skip_special = encoding, skip_special
+        self.pending: list[int] = []
+
+    def feed(self, ids: Sequence[int], final: bool = False) -> str:
+        self.pending.extend(ids)
+        text = decode_text(self.encoding, self.pending, self.skip_special)
+        if text.endswith("\ufffd") and not final:
+            return ""
+        self.pending = []
+        return text

@@ -1,0 +1,224 @@
+"""What the SIMULATED engine says: prompt token ids -> output token ids. Pure and deterministic.
+
+Not a model. It reads the decoded prompt and writes plausible Harmony:
+- last message from the user, tools declared: analysis, then a call to the first tool (or the
+  tool named in the user's text) with arguments synthesized from its signature, ending <|call|>;
+- last message a tool result: analysis, then a final answer quoting the tool's output;
+- otherwise: analysis ("The user says ...") and a final answer echoing the user, <|return|>.
+
+Directives in the last user message steer it (see ``Directives``)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from openai_harmony import HarmonyEncoding
+
+from services.simengine.prompt import (
+    PromptMessage,
+    ToolProp,
+    ToolSignature,
+    directives,
+    parse_messages,
+    parse_tools,
+    strip_directives,
+)
+
+# each one token with its leading space, so N words are exactly N tokens
+_FILLER = (
+    "the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "and", "then", "it",
+    "rests", "a", "while", "before", "running", "again",
+)
+_QUOTED = re.compile(r"\"([^\"]+)\"|'([^']+)'")
+_WORD = re.compile(r"[A-Za-z][\w-]*")
+_TOOL_AUTHORS = ("user", "assistant", "system", "developer")
+
+
+@dataclass(frozen=True)
+class Directives:
+    """``[[sim:KEY=VALUE]]`` in the last user message.
+
+    Content (only when that user message is the last message): ``raw`` emits exactly the given
+    Harmony text (``<|...|>`` markers become special tokens; may be malformed on purpose),
+    ``tokens`` makes the final answer N tokens long. Transport (every generation after that
+    user message): ``delay_ms`` per chunk, ``error_after`` N tokens then a mid-stream error,
+    ``status`` an HTTP error before streaming."""
+
+    raw: str | None = None
+    tokens: int | None = None
+    delay_ms: float | None = None
+    error_after: int | None = None
+    status: int | None = None
+
+
+@dataclass(frozen=True)
+class Script:
+    prompt_text: str
+    output_ids: list[int]
+    directives: Directives
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _float(value: str | None) -> float | None:
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def read_directives(user_text: str, *, content: bool) -> Directives:
+    found = directives(user_text)
+    return Directives(
+        raw=found.get("raw") if content else None,
+        tokens=_int(found.get("tokens")) if content else None,
+        delay_ms=_float(found.get("delay_ms")),
+        error_after=_int(found.get("error_after")),
+        status=_int(found.get("status")),
+    )
+
+
+def _safe(text: str) -> str:
+    """Text from the prompt, made unable to forge special tokens when re-encoded."""
+    return text.replace("<|", "< |")
+
+
+def pick_value(user_text: str) -> str:
+    """A string argument taken from the user's words: a quoted phrase, else the last
+    capitalized word after the first (a place or a name), else the last word, else the text."""
+    if m := _QUOTED.search(user_text):
+        return m.group(1) or m.group(2)
+    words = _WORD.findall(user_text)
+    capitalized = [w for w in words[1:] if w[0].isupper()]
+    if capitalized:
+        return capitalized[-1]
+    return words[-1] if words else user_text or "value"
+
+
+def _value_for(prop: ToolProp, user_text: str) -> Any:
+    kind = prop.type
+    if kind.startswith("string"):
+        return [pick_value(user_text)] if kind.endswith("[]") else pick_value(user_text)
+    if kind.startswith('"'):
+        return kind.split('"')[1]  # first literal of a string enum
+    if kind.startswith("number"):
+        return 1
+    if kind.startswith("boolean"):
+        return True
+    if kind.endswith("[]") or kind.startswith("Array"):
+        return []
+    if kind.startswith("{"):
+        return {}
+    return None
+
+
+def synthesize_args(tool: ToolSignature, user_text: str) -> dict[str, Any]:
+    return {p.name: _value_for(p, user_text) for p in tool.props}
+
+
+def choose_tool(tools: Sequence[ToolSignature], user_text: str) -> ToolSignature:
+    lowered = user_text.lower()
+    return next((t for t in tools if t.name.lower() in lowered), tools[0])
+
+
+def _last_user(messages: Sequence[PromptMessage]) -> tuple[int, str]:
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].author == "user":
+            return i, messages[i].content
+    return -1, ""
+
+
+@functools.cache
+def _filler_words(encoding: HarmonyEncoding) -> tuple[int, ...]:
+    return tuple(encoding.encode(" " + w, disallowed_special=())[0] for w in _FILLER)
+
+
+def filler_ids(encoding: HarmonyEncoding, n: int) -> list[int]:
+    """Exactly ``n`` tokens of filler prose (each filler word is one token)."""
+    words = _filler_words(encoding)
+    return [words[i % len(words)] for i in range(n)]
+
+
+def compose(messages: Sequence[PromptMessage], tools: Sequence[ToolSignature]) -> str:
+    """The Harmony completion text (after the prompt's ``<|start|>assistant``)."""
+    user_index, user_raw = _last_user(messages)
+    user = _safe(strip_directives(user_raw))
+    last = messages[-1] if messages else None
+    if last is not None and last.author not in _TOOL_AUTHORS:
+        output = _safe(last.content.strip())
+        name = last.author.split(".", 1)[-1]
+        return (
+            f"<|channel|>analysis<|message|>The tool {name} returned: {output}. "
+            f"I can answer now.<|end|>"
+            f"<|start|>assistant<|channel|>final<|message|>According to {name}: {output}<|return|>"
+        )
+    if tools and user_index == len(messages) - 1:
+        tool = choose_tool(tools, user)
+        args = json.dumps(synthesize_args(tool, user), ensure_ascii=False)
+        return (
+            f"<|channel|>analysis<|message|>The user says \"{user}\". "
+            f"I should call {tool.name}.<|end|>"
+            f"<|start|>assistant<|channel|>commentary to={tool.recipient} "
+            f"<|constrain|>json<|message|>{_safe(args)}<|call|>"
+        )
+    return (
+        f"<|channel|>analysis<|message|>The user says \"{user}\". I will answer briefly.<|end|>"
+        f"<|start|>assistant<|channel|>final<|message|>Hello! You said: {user}<|return|>"
+    )
+
+
+def plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> Script:
+    """Everything the simulated model will say for this prompt (before max_tokens/stops)."""
+    text = encoding.decode_utf8(list(prompt_ids))
+    messages = parse_messages(text)
+    user_index, user_raw = _last_user(messages)
+    said = read_directives(user_raw, content=user_index >= 0 and user_index == len(messages) - 1)
+    if said.raw is not None:
+        return Script(text, encoding.encode(said.raw, allowed_special="all"), said)
+    if said.tokens is not None:
+        user = _safe(strip_directives(user_raw))
+        head = encoding.encode(
+            f"<|channel|>analysis<|message|>The user says \"{user}\". "
+            f"A long answer is wanted.<|end|><|start|>assistant<|channel|>final<|message|>",
+            allowed_special="all",
+        )
+        tail = encoding.encode("<|return|>", allowed_special="all")
+        return Script(text, [*head, *filler_ids(encoding, max(0, said.tokens)), *tail], said)
+    tools = [t for m in messages if m.author == "developer" for t in parse_tools(m.content)]
+    body = compose(messages, tools)
+    return Script(text, encoding.encode(body, allowed_special="all"), said)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The output after max_tokens and stop ids: what the engine streams."""
+
+    token_ids: list[int]
+    finish_reason: str  # stop | length
+    stop_token_id: int | None  # the stop token emitted (included in token_ids), if any
+
+
+def limit(
+    output_ids: Sequence[int], max_tokens: int | None, stop_token_ids: Sequence[int], eos: Sequence[int]
+) -> Outcome:
+    """Stop at the first stop (or EOS) token emitted, then cut at ``max_tokens``."""
+    stops = set(stop_token_ids) | set(eos)
+    ids = list(output_ids)
+    stop_id = None
+    for i, tok in enumerate(ids):
+        if tok in stops:
+            ids, stop_id = ids[: i + 1], tok
+            break
+    if max_tokens is not None and len(ids) > max_tokens:
+        return Outcome(ids[: max(0, max_tokens)], "length", None)
+    return Outcome(ids, "stop", stop_id)

@@ -1,0 +1,176 @@
+"""The SIMULATED engine's vLLM front end: ``POST /v1/completions`` with a token-id prompt, as
+vLLM's OpenAI-compatible server answers it (``return_token_ids``, ``stop_reason``, usage chunk,
+``data: {"error": ...}`` mid-stream, abort on client disconnect), plus ``GET /load``."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from services.simengine.generation import (
+    EOS_TOKEN_IDS,
+    Generation,
+    IncrementalText,
+    SimRequestError,
+    decode_text,
+    prepare,
+)
+from services.simengine.state import Recorder, SimState
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class CompletionBody(BaseModel):
+    """The fields of vLLM's CompletionRequest the simulator acts on; others are recorded."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: list[int] | str
+    max_tokens: int | None = 16  # vLLM's default for /v1/completions; null = all the room left
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    return_token_ids: bool | None = None
+    skip_special_tokens: bool = True
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    request_id: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+
+
+def error_body(status: int, message: str, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+def _dumps(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+def _usage(gen: Generation, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": gen.prompt_tokens,
+        "total_tokens": gen.prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": gen.cached_tokens},
+    }
+
+
+def _stop_reason(gen: Generation) -> int | None:
+    """vLLM reports the matched stop token id, but null when generation ended on EOS."""
+    stop = gen.outcome.stop_token_id
+    return None if stop is None or stop in EOS_TOKEN_IDS else stop
+
+
+async def completions(request: Request) -> Response:
+    sim: SimState = request.app.state.sim
+    try:
+        body = CompletionBody.model_validate_json(await request.body())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        message = f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
+        return JSONResponse(error_body(400, message, "BadRequestError"), status_code=400)
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        prompt = sim.encoding.encode(prompt, allowed_special="all")
+    request_id = body.request_id or request.headers.get("x-request-id") or uuid.uuid4().hex
+    try:
+        gen = prepare(
+            sim.recorder, sim.encoding, sim.settings,
+            request_id=request_id, protocol="vllm", prompt_ids=prompt,
+            max_tokens=body.max_tokens, stop_token_ids=body.stop_token_ids or [],
+            ignore_eos=body.ignore_eos, stream=body.stream,
+            params=body.model_dump(exclude={"prompt"}, exclude_none=True),
+        )
+    except SimRequestError as exc:
+        return JSONResponse(error_body(exc.status, exc.message, exc.kind), status_code=exc.status)
+    head = {
+        "id": f"cmpl-{request_id}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": body.model or sim.settings.served_model_name,
+    }
+    if body.stream:
+        return StreamingResponse(_stream(sim, gen, body, head), media_type="text/event-stream")
+    return await _whole(sim, gen, body, head)
+
+
+async def _stream(
+    sim: SimState, gen: Generation, body: CompletionBody, head: dict[str, Any]
+) -> AsyncIterator[bytes]:
+    record = gen.record
+    with_ids = bool(body.return_token_ids)
+    text = IncrementalText(sim.encoding, body.skip_special_tokens)
+    first, sent, completed = True, 0, False
+    try:
+        async for piece in gen.pieces():
+            if piece.error is not None:
+                Recorder.mark_finished(record, "error", piece.sent)
+                completed = True
+                yield _dumps(error_body(500, piece.error, "InternalServerError"))
+                yield b"data: [DONE]\n\n"
+                return
+            choice: dict[str, Any] = {
+                "index": 0,
+                "text": text.feed(piece.token_ids, final=piece.last),
+                "logprobs": None,
+                "finish_reason": gen.outcome.finish_reason if piece.last else None,
+                "stop_reason": _stop_reason(gen) if piece.last else None,
+            }
+            if with_ids:
+                choice["token_ids"] = piece.token_ids
+                if first:
+                    choice["prompt_token_ids"] = record.prompt_token_ids
+            first, sent = False, piece.sent
+            if piece.last:
+                Recorder.mark_finished(record, gen.outcome.finish_reason, sent)
+                completed = True
+            yield _dumps({**head, "choices": [choice], "usage": None})
+        if not completed:  # aborted while paused between chunks
+            return
+        if body.stream_options is not None and body.stream_options.include_usage:
+            yield _dumps({**head, "choices": [], "usage": _usage(gen, sent)})
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not completed:  # the client went away mid-stream: vLLM aborts the request
+            Recorder.mark_aborted(record)
+
+
+async def _whole(
+    sim: SimState, gen: Generation, body: CompletionBody, head: dict[str, Any]
+) -> Response:
+    ids: list[int] = []
+    async for piece in gen.pieces():
+        if piece.error is not None:
+            Recorder.mark_finished(gen.record, "error", piece.sent)
+            return JSONResponse(error_body(500, piece.error, "InternalServerError"), status_code=500)
+        ids.extend(piece.token_ids)
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": decode_text(sim.encoding, ids, body.skip_special_tokens),
+        "logprobs": None,
+        "finish_reason": gen.outcome.finish_reason,
+        "stop_reason": _stop_reason(gen),
+    }
+    if body.return_token_ids:
+        choice["token_ids"] = ids
+        choice["prompt_token_ids"] = gen.record.prompt_token_ids
+    Recorder.mark_finished(gen.record, gen.outcome.finish_reason, len(ids))
+    return JSONResponse({**head, "choices": [choice], "usage": _usage(gen, len(ids))})
+
+
+async def load(request: Request) -> Response:
+    sim: SimState = request.app.state.sim
+    return JSONResponse({"server_load": sim.recorder.running})

@@ -1,0 +1,220 @@
+"""The simulator over HTTP, in this event loop: vLLM and SGLang wire formats, aborts, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+
+from services.common.harmony import CALL, RETURN, harmony_encoding
+from services.simengine.app import RunningSim, serving
+from services.simengine.script import limit, plan
+from services.simengine.settings import Settings
+from tests.simengine.prompts import WEATHER, user_prompt
+
+ENC = harmony_encoding()
+STOPS = [RETURN, CALL]
+
+
+@pytest.fixture(scope="module")
+async def sim() -> AsyncIterator[RunningSim]:
+    async with serving(Settings(protocol="both")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+async def sim_incremental() -> AsyncIterator[RunningSim]:
+    async with serving(Settings(protocol="sglang", sglang_incremental=True, tokens_per_chunk=3)) as running:
+        yield running
+
+
+@pytest.fixture
+async def http(sim: RunningSim) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=sim.url, timeout=10) as client:
+        yield client
+
+
+def vllm_body(prompt: list[int], rid: str, **kw: Any) -> dict[str, Any]:
+    return {"model": "openai/gpt-oss-20b", "prompt": prompt, "max_tokens": None, "stream": True,
+            "stream_options": {"include_usage": True}, "return_token_ids": True,
+            "skip_special_tokens": False, "stop_token_ids": STOPS, "request_id": rid, **kw}
+
+
+def sglang_body(prompt: list[int], rid: str, **sp: Any) -> dict[str, Any]:
+    return {"input_ids": prompt, "rid": rid, "stream": True,
+            "sampling_params": {"max_new_tokens": 4096, "stop_token_ids": STOPS,
+                                "skip_special_tokens": False, "no_stop_trim": True, **sp}}
+
+
+async def events(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[Any]:
+    async with http.stream("POST", path, json=body) as resp:
+        assert resp.status_code == 200, await resp.aread()
+        assert resp.headers["x-chorus-simulator"] == "true"
+        lines = [line async for line in resp.aiter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    return [json.loads(line[6:]) for line in lines[:-1]]
+
+
+async def test_vllm_stream_matches_the_script(http: httpx.AsyncClient) -> None:
+    prompt = user_prompt("Say hello")
+    chunks = await events(http, "/v1/completions", vllm_body(prompt, "v1"))
+    *token_chunks, usage = chunks
+    ids = [t for c in token_chunks for t in c["choices"][0]["token_ids"]]
+    assert ids == plan(prompt, ENC).output_ids
+    assert token_chunks[0]["choices"][0]["prompt_token_ids"] == prompt
+    assert all("prompt_token_ids" not in c["choices"][0] for c in token_chunks[1:])
+    assert [c["choices"][0]["finish_reason"] for c in token_chunks].count("stop") == 1
+    last = token_chunks[-1]["choices"][0]
+    assert (last["finish_reason"], last["stop_reason"], last["token_ids"][-1]) == ("stop", None, RETURN)
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == len(ids)
+    assert usage["usage"]["prompt_tokens"] == len(prompt)
+    assert "".join(c["choices"][0]["text"] for c in token_chunks) == ENC.decode_utf8(ids)
+
+
+async def test_vllm_tool_call_reports_call_as_stop_reason(http: httpx.AsyncClient) -> None:
+    prompt = user_prompt("Weather in Paris?", [WEATHER])
+    chunks = await events(http, "/v1/completions", vllm_body(prompt, "v2"))
+    last = chunks[-2]["choices"][0]
+    assert (last["finish_reason"], last["stop_reason"], last["token_ids"][-1]) == ("stop", CALL, CALL)
+
+
+async def test_vllm_max_tokens_and_non_stream(http: httpx.AsyncClient) -> None:
+    prompt = user_prompt("Tell me a story")
+    resp = await http.post("/v1/completions", json=vllm_body(prompt, "v3", stream=False, max_tokens=5))
+    choice = resp.json()["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["stop_reason"] is None
+    assert choice["token_ids"] == plan(prompt, ENC).output_ids[:5]
+    assert resp.json()["usage"]["completion_tokens"] == 5
+    # without max_tokens, /v1/completions defaults to 16 like vLLM
+    body = vllm_body(prompt, "v3b", stream=False)
+    del body["max_tokens"]
+    assert len((await http.post("/v1/completions", json=body)).json()["choices"][0]["token_ids"]) == 16
+
+
+async def test_vllm_error_mid_stream(http: httpx.AsyncClient, sim: RunningSim) -> None:
+    chunks = await events(http, "/v1/completions", vllm_body(user_prompt("x [[sim:error_after=4]]"), "v4"))
+    assert "error" in chunks[-1] and chunks[-1]["error"]["code"] == 500
+    assert sum(len(c["choices"][0]["token_ids"]) for c in chunks[:-1]) == 4
+    assert sim.recorder.get("v4").finish_reason == "error"
+
+
+@pytest.mark.parametrize(("directive", "status"), [("[[sim:status=503]]", 503), ("[[sim:status=429]]", 429)])
+async def test_status_directive(http: httpx.AsyncClient, directive: str, status: int) -> None:
+    resp = await http.post("/v1/completions", json=vllm_body(user_prompt(f"x {directive}"), "v5"))
+    assert resp.status_code == status and resp.json()["error"]["message"]
+    resp = await http.post("/generate", json=sglang_body(user_prompt(f"x {directive}"), "s5"))
+    assert resp.status_code == status and resp.json()["error"]["message"]
+
+
+async def test_bad_requests_are_400(http: httpx.AsyncClient) -> None:
+    resp = await http.post("/v1/completions", json={"prompt": [1, 10**7], "stream": True})
+    assert resp.status_code == 400 and "vocabulary" in resp.json()["error"]["message"]
+    resp = await http.post("/v1/completions", json={"stream": True})
+    assert resp.status_code == 400
+    long = vllm_body(user_prompt("hi"), "v6", max_tokens=10**6)
+    resp = await http.post("/v1/completions", json=long)
+    assert resp.status_code == 400 and "maximum context length" in resp.json()["error"]["message"]
+
+
+async def test_vllm_client_disconnect_is_recorded_as_abort(http: httpx.AsyncClient, sim: RunningSim) -> None:
+    body = vllm_body(user_prompt("forever [[sim:tokens=5000]] [[sim:delay_ms=5]]"), "v7")
+    async with http.stream("POST", "/v1/completions", json=body) as resp:
+        async for line in resp.aiter_lines():
+            if line.startswith("data: {"):
+                break
+    record = await sim.recorder.wait_aborted("v7", timeout=5)
+    assert record.aborted and not record.finished
+    listed = (await http.get("/sim/requests")).json()
+    assert next(r for r in listed if r["request_id"] == "v7")["aborted"] is True
+
+
+async def test_prefix_cache_reports_cached_tokens(http: httpx.AsyncClient) -> None:
+    prompt = user_prompt("cache me " * 40)
+    first = await events(http, "/v1/completions", vllm_body(prompt, "v8a"))
+    again = await events(http, "/v1/completions", vllm_body(prompt, "v8b"))
+    assert first[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] < len(prompt) // 2
+    assert again[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= len(prompt) - 16
+
+
+async def test_sglang_cumulative_stream(http: httpx.AsyncClient) -> None:
+    prompt = user_prompt("Say hello")
+    chunks = await events(http, "/generate", sglang_body(prompt, "s1"))
+    expected = plan(prompt, ENC).output_ids
+    assert chunks[-1]["output_ids"] == expected
+    for i, c in enumerate(chunks):  # each chunk repeats everything so far
+        assert c["output_ids"] == expected[: i + 1]
+        assert c["meta_info"]["completion_tokens"] == i + 1
+        assert c["meta_info"]["prompt_tokens"] == len(prompt) and c["meta_info"]["id"] == "s1"
+    assert [c["meta_info"]["finish_reason"] for c in chunks[:-1]] == [None] * (len(chunks) - 1)
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": RETURN}
+    assert chunks[-1]["text"] == ENC.decode_utf8(expected)
+
+
+async def test_sglang_length_default_and_stop_trim(http: httpx.AsyncClient) -> None:
+    prompt = user_prompt("long [[sim:tokens=400]]")
+    body = sglang_body(prompt, "s2")
+    del body["sampling_params"]["max_new_tokens"]  # SGLang's default: 128
+    chunks = await events(http, "/generate", body)
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 128}
+    assert len(chunks[-1]["output_ids"]) == 128
+    chunks = await events(http, "/generate", sglang_body(user_prompt("hi"), "s3", no_stop_trim=False))
+    assert chunks[-1]["output_ids"][-1] != RETURN  # trimmed, yet counted
+    assert chunks[-1]["meta_info"]["completion_tokens"] == len(chunks[-1]["output_ids"]) + 1
+
+
+async def test_sglang_incremental_stream(sim_incremental: RunningSim) -> None:
+    prompt = user_prompt("Weather in Paris?", [WEATHER])
+    async with httpx.AsyncClient(base_url=sim_incremental.url, timeout=10) as http:
+        chunks = await events(http, "/generate", sglang_body(prompt, "i1"))
+        assert (await http.post("/v1/completions", json={})).status_code == 404  # sglang only
+    ids = [t for c in chunks for t in c["output_ids"]]
+    assert ids == plan(prompt, ENC).output_ids
+    assert all(len(c["output_ids"]) <= 3 for c in chunks)
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": CALL}
+    assert chunks[-1]["meta_info"]["completion_tokens"] == len(ids)
+
+
+async def test_sglang_abort_request(http: httpx.AsyncClient, sim: RunningSim) -> None:
+    body = sglang_body(user_prompt("forever [[sim:tokens=5000]] [[sim:delay_ms=5]]"), "s4")
+    async with http.stream("POST", "/generate", json=body) as resp:
+        lines = resp.aiter_lines()
+        async for line in lines:
+            if line.startswith("data: {"):
+                break
+        assert (await http.post("/abort_request", json={"rid": "s4"})).status_code == 200
+        rest = [line async for line in lines if line]
+    assert rest[-1] == "data: [DONE]"
+    assert json.loads(rest[-2][6:])["meta_info"]["finish_reason"]["type"] == "abort"
+    record = await sim.recorder.wait_aborted("s4", timeout=1)
+    assert record.abort_requested
+
+
+async def test_sglang_error_mid_stream_is_an_abort_finish(http: httpx.AsyncClient) -> None:
+    chunks = await events(http, "/generate", sglang_body(user_prompt("x [[sim:error_after=2]]"), "s6"))
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(chunks[-1]["output_ids"]) == 2
+
+
+async def test_health_models_load(http: httpx.AsyncClient) -> None:
+    assert (await http.get("/health")).status_code == 200
+    models = (await http.get("/v1/models")).json()["data"]
+    assert models[0]["owned_by"] == "chorus-simulator"
+    assert (await http.get("/load")).json() == {"server_load": 0}
+    assert (await http.get("/get_load")).json()[0]["num_reqs"] == 0
+
+
+async def test_many_concurrent_streams_at_zero_delay(http: httpx.AsyncClient) -> None:
+    prompt = user_prompt("bench [[sim:tokens=500]]")
+    expected = limit(plan(prompt, ENC).output_ids, None, STOPS, [RETURN]).token_ids
+
+    async def one(i: int) -> list[int]:
+        chunks = await events(http, "/v1/completions", vllm_body(prompt, f"c{i}"))
+        return [t for c in chunks[:-1] for t in c["choices"][0]["token_ids"]]
+
+    async with asyncio.timeout(20):
+        results = await asyncio.gather(*(one(i) for i in range(64)))
+    assert all(r == expected for r in results)
