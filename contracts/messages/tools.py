@@ -10,12 +10,23 @@ from contracts.errors import BusError
 from contracts.messages.base import Contract
 from contracts.messages.items import McpToolInfo
 
+BUILTIN_URL_SCHEME = "builtin:"
+
 
 class McpServer(Contract):
+    """An MCP server to reach. ``headers`` go to this server only. A ``server_url`` of the
+    form ``builtin:<name>`` names a built-in tool server that the tools service resolves
+    from its ``builtin_tools`` setting (see ``McpServer.builtin``)."""
+
     server_label: str
     server_url: str
     headers: dict[str, str] = Field(default_factory=dict)
     server_description: str | None = None
+
+    @classmethod
+    def builtin(cls, name: str, server_label: str | None = None) -> McpServer:
+        """A reference to the built-in tool server ``name`` (e.g. "browser", "python")."""
+        return cls(server_label=server_label or name, server_url=f"{BUILTIN_URL_SCHEME}{name}")
 
 
 class ListToolsRequest(Contract):
@@ -25,9 +36,13 @@ class ListToolsRequest(Contract):
 
 
 class ToolsListed(Contract):
+    """A server's tools. When the server could not be listed (unreachable, timed out, protocol
+    error), ``tools`` is empty and ``error`` says why, like ``McpListToolsItem.error``."""
+
     kind: Literal["tools_listed"] = "tools_listed"
     server_label: str
     tools: list[McpToolInfo]
+    error: str | None = None
 
 
 ListToolsReply = Annotated[ToolsListed | BusError, Field(discriminator="kind")]
