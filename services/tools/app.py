@@ -53,6 +53,8 @@ async def run(
         add_health(broker, settings, "tools", lambda: (True, f"{len(pool)} MCP sessions"))
 
         async def started() -> None:
+            # the subscriptions are on the server once it has answered a PING after them
+            await broker.connection.flush(timeout=5)
             if ready is not None:
                 ready.set()
 

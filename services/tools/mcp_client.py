@@ -39,6 +39,11 @@ log = logging.getLogger("chorus.tools")
 CLIENT_INFO = Implementation(name="chorus-tools", version="0.1.0")
 
 
+class ConnectFailed(ConnectionError):
+    """No MCP session could be opened: unreachable, refused, no handshake in time, or a
+    handshake the server answered with an error."""
+
+
 class ResponseTooLarge(httpx2.StreamError):
     """An MCP server sent a response over the size cap."""
 
@@ -263,8 +268,9 @@ class SessionPool:
                     async with asyncio.timeout(self._connect_timeout_s):
                         client = await stack.enter_async_context(self._connect(entry.server))
                 except TimeoutError as exc:
-                    raise ConnectionError(
-                        f"no MCP handshake within {self._connect_timeout_s:g}s") from exc
+                    raise ConnectFailed(f"no MCP handshake within {self._connect_timeout_s:g}s") from exc
+                except Exception as exc:
+                    raise ConnectFailed(describe(exc)) from exc
                 entry.ready.set_result(client)
                 log.debug("MCP session open: %s", entry.key)
                 await self._hold(entry)
@@ -276,7 +282,7 @@ class SessionPool:
                 log.debug("MCP session %s ended: %s", entry.key, describe(exc))
         finally:
             if not entry.ready.done():
-                entry.ready.set_exception(ConnectionError("the MCP session was closed"))
+                entry.ready.set_exception(ConnectFailed("the MCP session was closed"))
                 entry.ready.exception()
             self._retire(entry)
             log.debug("MCP session closed: %s", entry.key)

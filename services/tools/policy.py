@@ -95,7 +95,7 @@ def _parse_url(url: str) -> httpx2.URL:
     return parsed
 
 
-_HOST_ENTRY = re.compile(r"^(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[^:\[\]/]+))(?::(?P<port>\d+))?$")
+_HOST_ENTRY = re.compile(r"^(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::(?P<port>\d+))?$")
 
 
 def _parse_entry(entry: str) -> _Prefix | _Host:
@@ -111,9 +111,10 @@ def _parse_entry(entry: str) -> _Prefix | _Host:
     wildcard = entry.startswith("*.")
     match = _HOST_ENTRY.match(entry.removeprefix("*.") if wildcard else entry)
     if match is None:
-        if entry.count(":") > 1:  # a bare IPv6 address
-            return _Host(entry, None)
-        raise ValueError(f"allowed_servers entry {entry!r} is neither a URL nor a host")
+        try:  # a bare IPv6 address
+            return _Host(str(ipaddress.IPv6Address(entry)), None)
+        except ValueError:
+            raise ValueError(f"allowed_servers entry {entry!r} is neither a URL nor a host") from None
     host = match["v6"] or match["name"]
     port = int(match["port"]) if match["port"] else None
     return _Host(f".{host}" if wildcard else host, port)

@@ -26,7 +26,7 @@ from contracts.messages.tools import (
     ToolsListed,
 )
 from services.tools.cache import TtlCache, server_key
-from services.tools.mcp_client import SessionPool
+from services.tools.mcp_client import ConnectFailed, SessionPool
 from services.tools.policy import PolicyError, ServerPolicy
 from services.tools.results import (
     InvalidArguments,
@@ -46,6 +46,8 @@ def _invalid(exc: PolicyError) -> BusError:
 
 
 def _failure(what: str, server: McpServer, exc: BaseException) -> str:
+    if isinstance(exc, ConnectFailed):
+        return f"{what}: could not connect to MCP server {server.server_label!r} ({exc})"
     if isinstance(exc, MCPError):
         return f"{what}: MCP server {server.server_label!r} answered with an error: {exc.error.message}"
     if isinstance(exc, ValidationError):

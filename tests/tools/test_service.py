@@ -170,7 +170,8 @@ async def test_server_down_is_a_result(tools: Tools) -> None:
     url = f"http://127.0.0.1:{free_port()}/mcp"
     result = await tools.call(mcp(url), "add", '{"a": 1, "b": 2}')
     assert result.output is None
-    assert result.error is not None and "ConnectError" in result.error
+    assert result.error is not None and "could not connect to MCP server 'test'" in result.error
+    assert "ConnectError" in result.error
     listed = await tools.list(mcp(url))
     assert listed.tools == [] and listed.error is not None and "Could not list tools" in listed.error
 
