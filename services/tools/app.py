@@ -4,6 +4,7 @@ broker, the session pool and the runner together."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from contracts.messages.items import McpToolInfo
 from services.common.runtime import add_health, make_broker, serve
@@ -43,11 +44,15 @@ async def run(
     settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None
 ) -> None:
     """Serve until ``stop`` (or a signal); ``ready`` is set once the handlers are subscribed."""
+    # the HTTP client logs every request (with its URL) at INFO
+    for name in ("httpx2", "httpcore2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     listings: TtlCache[list[McpToolInfo]] = TtlCache(
         settings.list_cache_ttl_s, settings.list_cache_max_entries
     )
+    policy = build_policy(settings)  # a bad allowlist entry fails here, at start-up
     async with build_pool(settings) as pool:
-        runner = ToolRunner(settings, build_policy(settings), pool, listings)
+        runner = ToolRunner(settings, policy, pool, listings)
         broker = make_broker(settings, "tools")
         register(broker, settings, runner)
         add_health(broker, settings, "tools", lambda: (True, f"{len(pool)} MCP sessions"))

@@ -274,7 +274,9 @@ class SessionPool:
                 entry.ready.set_result(client)
                 log.debug("MCP session open: %s", entry.key)
                 await self._hold(entry)
-        except Exception as exc:  # a failed connect is reported to the waiting callers
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:  # (anyio may group errors) a failed connect goes to the callers
             if not entry.ready.done():
                 entry.ready.set_exception(exc)
                 entry.ready.exception()  # retrieved: the callers may have gone
