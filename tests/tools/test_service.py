@@ -296,3 +296,12 @@ async def test_restarted_server_gets_a_new_session(tools: Tools) -> None:
     assert down.error is not None
     async with serve_mcp(port=port) as srv:
         assert (await tools.call(mcp(srv.url), "add", '{"a": 2, "b": 3}')).output == "5"
+
+
+async def test_garbage_on_the_bus_does_not_stop_the_service(tools: Tools) -> None:
+    subjects = tools.settings.subjects
+    for subject in (subjects.tools_call, subjects.tools_list):
+        await tools.nc.publish(subject, b"not json")
+        await tools.nc.publish(subject, b'{"kind": "call_tool"}')
+    async with serve_mcp() as srv:
+        assert (await tools.call(mcp(srv.url), "add", '{"a": 1, "b": 2}')).output == "3"
