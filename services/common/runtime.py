@@ -42,7 +42,7 @@ def make_broker(settings: BusSettings, name: str) -> NatsBroker:
         name=f"chorus-{name}-{settings.instance_id}",
         logger=None,
         max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
+        reconnect_time_wait=1,
         middlewares=middlewares,
     )
 

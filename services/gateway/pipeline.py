@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from pydantic import TypeAdapter
 
 from contracts.errors import BusError, ErrorCode
@@ -60,7 +61,7 @@ class EventRouter:
         self.nc = nc
         self.subject = subject
         self._queues: dict[str, asyncio.Queue[bytes]] = {}
-        self._sub = None
+        self._sub: Subscription | None = None
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(self.subject, cb=self._on_msg, pending_msgs_limit=-1)
@@ -199,13 +200,13 @@ class Pipeline:
         tool_schemas: dict[str, dict] | None,
     ) -> Generation:
         t0 = time.perf_counter()
-        open_msg = ParseOpen(
-            request_id=request_id,
-            events_subject=self.router.subject,
-            tool_names=tool_names,
-            namespaces=namespaces,
-            **({"tool_schemas": tool_schemas} if tool_schemas else {}),
-        )
+        open_msg = ParseOpen.model_validate({
+            "request_id": request_id,
+            "events_subject": self.router.subject,
+            "tool_names": tool_names,
+            "namespaces": namespaces,
+            "tool_schemas": tool_schemas or {},
+        })
         results = await asyncio.gather(
             bus.request(
                 self.nc, self.subjects.encode, encode, _ENCODE_REPLY,
