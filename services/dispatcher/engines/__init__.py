@@ -1,0 +1,16 @@
+"""Engine adapters: one per HTTP protocol (vLLM, SGLang); the stand-in engine speaks vLLM's."""
+
+from __future__ import annotations
+
+from services.dispatcher.engines.base import EngineAdapter
+from services.dispatcher.engines.sglang import Mode, SglangAdapter
+from services.dispatcher.engines.vllm import VllmAdapter
+
+
+def make_adapter(kind: str, *, sglang_mode: Mode = "auto", sglang_default_max_tokens: int = 131072) -> EngineAdapter:
+    """The adapter for a worker KIND (``vllm``, ``sglang`` or ``sim``)."""
+    if kind in ("vllm", "sim"):
+        return VllmAdapter()
+    if kind == "sglang":
+        return SglangAdapter(sglang_mode, sglang_default_max_tokens)
+    raise ValueError(f"unknown engine kind {kind!r}")

@@ -1,0 +1,99 @@
+"""What every engine adapter provides, and the protocol-neutral shape of an engine stream.
+
+An adapter knows one engine's HTTP protocol: the request body for a ``GenerateRequest``, how
+to turn the engine's stream events into ``EngineChunk`` (token id delta, finish reason, stop
+token, usage, error), and how to abort. Opening the stream, SSE framing and HTTP errors are
+shared (``engines/stream.py``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import httpx
+
+from contracts.errors import BusError, ErrorCode
+from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest
+
+_CONTEXT_HINTS = ("context length", "context_length", "maximum context", "too long", "max_model_len")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineChunk:
+    """One engine stream event, normalised: ``token_ids`` is a delta."""
+
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: EngineFinishReason | None = None
+    stop_token_id: int | None = None
+    usage: EngineUsage | None = None
+    error: BusError | None = None  # the engine failed mid-stream
+
+
+class EngineFailure(Exception):
+    """The engine could not take the request; ``retryable``: another worker may."""
+
+    def __init__(self, error: BusError, *, retryable: bool = False) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.retryable = retryable
+
+
+class StreamDecoder(Protocol):
+    """Per-request state turning engine stream events into chunks."""
+
+    def feed(self, event: dict[str, Any]) -> EngineChunk | None: ...
+
+
+class EngineAdapter(Protocol):
+    kind: str  # vllm | sglang
+
+    def request(self, req: GenerateRequest) -> tuple[str, dict[str, Any]]:
+        """The path and JSON body of a streaming generate call."""
+        ...
+
+    def decoder(self, req: GenerateRequest) -> StreamDecoder: ...
+
+    async def abort(
+        self, client: httpx.AsyncClient, base_url: str, request_id: str, timeout: float
+    ) -> None:
+        """Stop the request in the engine (beyond closing the stream, if the protocol needs it)."""
+        ...
+
+
+def error_for_status(status: int, message: str) -> BusError:
+    """An engine's HTTP error status, in the bus's terms (caller mistakes stay 4xx)."""
+    if status == 404:
+        return BusError(code=ErrorCode.MODEL_NOT_FOUND, message=message)
+    if status == 408:
+        return BusError(code=ErrorCode.TIMEOUT, message=message)
+    if 400 <= status < 500 and status != 429:
+        lowered = message.lower()
+        if any(hint in lowered for hint in _CONTEXT_HINTS):
+            return BusError(code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, message=message)
+        return BusError(code=ErrorCode.INVALID_REQUEST, message=message)
+    return BusError(code=ErrorCode.ENGINE_ERROR, message=message)
+
+
+def error_message(payload: Any, default: str) -> str:
+    """The message of an engine error body: ``{"error": {"message"}}`` (vLLM, SGLang),
+    ``{"message"}`` (older vLLM), ``{"detail"}`` (FastAPI), or the text itself."""
+    if isinstance(payload, dict):
+        inner = payload.get("error", payload)
+        if isinstance(inner, dict):
+            for key in ("message", "detail"):
+                if isinstance(inner.get(key), str) and inner[key]:
+                    return str(inner[key])
+        if isinstance(inner, str) and inner:
+            return inner
+        if isinstance(payload.get("detail"), str):
+            return str(payload["detail"])
+    if isinstance(payload, str) and payload.strip():
+        return payload.strip()[:500]
+    return default
+
+
+def usage_or_count(usage: EngineUsage | None, prompt_tokens: int, completion_tokens: int) -> EngineUsage:
+    """The engine's usage, or one counted here when the engine sent none."""
+    if usage is not None:
+        return usage
+    return EngineUsage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)

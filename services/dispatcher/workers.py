@@ -1,0 +1,137 @@
+"""Engine workers, how one is chosen for a request, and their health.
+
+A ``SelectionPolicy`` ranks the workers for a request (the dispatcher tries them in that order
+while connections fail). It sees the whole request, ``selection_text`` and prompt ids included,
+and each worker's health and in-flight count: enough for load- or prefix-aware policies."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx
+
+from contracts.messages.generate import GenerateRequest
+from services.dispatcher.engines import make_adapter
+from services.dispatcher.engines.base import EngineAdapter
+from services.dispatcher.engines.sglang import Mode
+
+log = logging.getLogger("chorus.dispatcher.workers")
+
+
+@dataclass(eq=False)
+class Worker:
+    url: str
+    kind: str  # vllm | sglang | sim (as configured)
+    adapter: EngineAdapter
+    healthy: bool | None = None  # None until the first health poll
+    in_flight: int = 0
+    last_error: str = ""
+
+    @property
+    def usable(self) -> bool:
+        return self.healthy is not False
+
+    def mark_down(self, reason: str) -> None:
+        if self.healthy is not False:
+            log.warning("engine worker %s is down: %s", self.url, reason)
+        self.healthy, self.last_error = False, reason
+
+    def mark_up(self) -> None:
+        if self.healthy is False:
+            log.info("engine worker %s is back", self.url)
+        self.healthy, self.last_error = True, ""
+
+
+def parse_workers(
+    specs: Sequence[str], *, sglang_mode: Mode = "auto", sglang_default_max_tokens: int = 131072
+) -> list[Worker]:
+    """Workers from "KIND=URL" specs; ``sglang+incremental=URL`` pins a worker's stream mode."""
+    workers = []
+    for spec in specs:
+        kind, _, url = spec.partition("=")
+        base, _, mode = kind.partition("+")
+        adapter = make_adapter(
+            base,
+            sglang_mode=mode or sglang_mode,  # type: ignore[arg-type]
+            sglang_default_max_tokens=sglang_default_max_tokens,
+        )
+        workers.append(Worker(url.rstrip("/"), base, adapter))
+    return workers
+
+
+class SelectionPolicy(Protocol):
+    def rank(self, request: GenerateRequest, workers: Sequence[Worker]) -> list[Worker]:
+        """The workers to try for ``request``, best first; empty when none may serve it."""
+        ...
+
+
+class RoundRobin:
+    """Each request starts one worker further; unhealthy workers are skipped, unless every
+    worker is (then all are tried: the health poll may lag behind a restart)."""
+
+    def __init__(self) -> None:
+        self._counter = itertools.count()
+
+    def rank(self, request: GenerateRequest, workers: Sequence[Worker]) -> list[Worker]:
+        if not workers:
+            return []
+        start = next(self._counter) % len(workers)
+        rotated = [*workers[start:], *workers[:start]]
+        usable = [w for w in rotated if w.usable]
+        return usable or rotated
+
+
+async def probe(client: httpx.AsyncClient, worker: Worker, timeout: float) -> None:
+    """One ``GET /health``: up on 200, down otherwise."""
+    try:
+        resp = await client.get(f"{worker.url}/health", timeout=timeout)
+    except httpx.HTTPError as exc:
+        worker.mark_down(f"health check failed: {type(exc).__name__}")
+        return
+    if resp.status_code == 200:
+        worker.mark_up()
+    else:
+        worker.mark_down(f"health check answered HTTP {resp.status_code}")
+
+
+async def poll_health(
+    client: httpx.AsyncClient,
+    workers: Sequence[Worker],
+    *,
+    interval: float,
+    timeout: float,
+    stop: asyncio.Event,
+    first_done: asyncio.Event | None = None,
+    retry_interval: float | None = None,
+) -> None:
+    """Probe every worker now and every ``interval`` seconds until ``stop``; while a worker is
+    down, every ``retry_interval`` (an engine coming up is noticed quickly)."""
+    while not stop.is_set():
+        async with asyncio.TaskGroup() as tg:
+            for worker in workers:
+                tg.create_task(probe(client, worker, timeout))
+        if first_done is not None:
+            first_done.set()
+        wait = interval
+        if retry_interval is not None and not all(w.healthy for w in workers):
+            wait = min(interval, retry_interval)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), wait)
+
+
+def readiness(workers: Sequence[Worker]) -> tuple[bool, str]:
+    """Ready when at least one engine worker answered its health check."""
+    if not workers:
+        return False, "no engine workers configured (CHORUS_ENGINES)"
+    up = [w for w in workers if w.healthy]
+    detail = f"{len(up)}/{len(workers)} engine workers up"
+    down = [f"{w.url}: {w.last_error}" for w in workers if w.healthy is False]
+    if down:
+        detail += "; " + "; ".join(down)
+    return bool(up), detail

@@ -1,0 +1,170 @@
+"""Engine stream decoding and request bodies, as pure functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from contracts.errors import ErrorCode
+from contracts.messages.generate import GenerateRequest, SamplingParams
+from services.common.harmony import CALL, RETURN
+from services.dispatcher.engines.base import error_for_status, error_message
+from services.dispatcher.engines.sglang import SglangDecoder, generate_body
+from services.dispatcher.engines.vllm import VllmDecoder, completion_body
+from services.dispatcher.settings import Settings
+from services.dispatcher.workers import RoundRobin, parse_workers
+
+REQ = GenerateRequest(
+    request_id="r1", model="openai/gpt-oss-20b", prompt_token_ids=[1, 2, 3],
+    stop_token_ids=[RETURN, CALL], token_subject="t.tokens.x",
+    sampling=SamplingParams(temperature=0.5, top_p=0.9, seed=7, stop=["END"]),
+)
+
+
+def test_vllm_body_is_the_reference_shape() -> None:
+    body = completion_body(REQ)
+    assert body == {
+        "model": "openai/gpt-oss-20b", "prompt": [1, 2, 3], "max_tokens": None, "stream": True,
+        "stream_options": {"include_usage": True}, "return_token_ids": True,
+        "skip_special_tokens": False, "stop_token_ids": [RETURN, CALL], "request_id": "r1",
+        "temperature": 0.5, "top_p": 0.9, "seed": 7, "stop": ["END"],
+    }
+
+
+def test_sglang_body_always_sets_max_new_tokens() -> None:
+    body = generate_body(REQ, 131072)
+    assert body["input_ids"] == [1, 2, 3] and body["rid"] == "r1" and body["stream"] is True
+    sp = body["sampling_params"]
+    assert sp["max_new_tokens"] == 131072
+    assert sp["stop_token_ids"] == [RETURN, CALL]
+    assert sp["skip_special_tokens"] is False and sp["no_stop_trim"] is True
+    assert (sp["temperature"], sp["top_p"], sp["stop"]) == (0.5, 0.9, ["END"])
+    capped = REQ.model_copy(update={"sampling": SamplingParams(max_tokens=64)})
+    assert generate_body(capped, 131072)["sampling_params"]["max_new_tokens"] == 64
+
+
+def _vllm(ids: list[int] | None, finish: str | None = None, stop_reason: Any = None) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "text": "x", "finish_reason": finish, "stop_reason": stop_reason}
+    if ids is not None:
+        choice["token_ids"] = ids
+    return {"choices": [choice], "usage": None}
+
+
+def test_vllm_decoder_stop_tokens_and_usage() -> None:
+    dec = VllmDecoder([RETURN, CALL])
+    assert dec.feed(_vllm([5, 6])).token_ids == [5, 6]
+    end = dec.feed(_vllm([7, RETURN], "stop", None))
+    assert (end.finish_reason, end.stop_token_id, end.token_ids) == ("stop", RETURN, [7, RETURN])
+    usage = dec.feed({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4,
+                                               "prompt_tokens_details": {"cached_tokens": 2}}})
+    assert usage.usage.model_dump() == {"prompt_tokens": 3, "completion_tokens": 4, "cached_tokens": 2}
+    call = VllmDecoder([RETURN, CALL]).feed(_vllm([9, CALL], "stop", CALL))
+    assert call.stop_token_id == CALL and call.token_ids == [9, CALL]
+    # a finish chunk without the stop id in token_ids: the stop token still ends the stream
+    bare = VllmDecoder([RETURN, CALL])
+    bare.feed(_vllm([9]))
+    fin = bare.feed(_vllm([], "stop", CALL))
+    assert fin.token_ids == [CALL] and fin.stop_token_id == CALL
+    length = VllmDecoder([RETURN]).feed(_vllm([1, 2], "length"))
+    assert (length.finish_reason, length.stop_token_id) == ("length", None)
+
+
+def test_vllm_decoder_without_token_ids_is_an_error() -> None:
+    chunk = VllmDecoder([RETURN]).feed(_vllm(None))
+    assert chunk.error is not None and "return_token_ids" in chunk.error.message
+
+
+def _sg(ids: list[int], completion: int, finish: Any = None) -> dict[str, Any]:
+    return {"text": "", "output_ids": ids,
+            "meta_info": {"id": "r", "finish_reason": finish, "prompt_tokens": 3,
+                          "completion_tokens": completion, "cached_tokens": 0}}
+
+
+@pytest.mark.parametrize("mode", ["auto", "cumulative"])
+def test_sglang_cumulative(mode: str) -> None:
+    dec = SglangDecoder(mode)  # type: ignore[arg-type]
+    got = [dec.feed(_sg([1], 1)), dec.feed(_sg([1, 2, 3], 3)),
+           dec.feed(_sg([1, 2, 3, RETURN], 4, {"type": "stop", "matched": RETURN}))]
+    assert [c.token_ids for c in got] == [[1], [2, 3], [RETURN]]
+    assert got[-1].finish_reason == "stop" and got[-1].stop_token_id == RETURN
+    assert got[-1].usage.completion_tokens == 4
+
+
+@pytest.mark.parametrize("mode", ["auto", "incremental"])
+def test_sglang_incremental(mode: str) -> None:
+    dec = SglangDecoder(mode)  # type: ignore[arg-type]
+    got = [dec.feed(_sg([1], 1)), dec.feed(_sg([2, 3], 3)), dec.feed(_sg([1], 4)),
+           dec.feed(_sg([CALL], 5, {"type": "stop", "matched": CALL}))]
+    assert [c.token_ids for c in got] == [[1], [2, 3], [1], [CALL]]
+    assert got[-1].stop_token_id == CALL
+
+
+def test_sglang_auto_with_repeating_ids_and_trimmed_stop() -> None:
+    # incremental deltas that happen to look like a prefix: completion_tokens decides
+    dec = SglangDecoder("auto")
+    assert [dec.feed(_sg([1], 1)).token_ids, dec.feed(_sg([1, 1], 3)).token_ids] == [[1], [1, 1]]
+    # cumulative with the stop token trimmed by the server: it is put back
+    dec = SglangDecoder("auto")
+    dec.feed(_sg([4, 5], 2))
+    end = dec.feed(_sg([4, 5, 6], 4, {"type": "stop", "matched": RETURN}))
+    assert end.token_ids == [6, RETURN] and end.stop_token_id == RETURN
+
+
+def test_sglang_length_and_abort() -> None:
+    dec = SglangDecoder("auto")
+    assert dec.feed(_sg([1, 2], 2, {"type": "length", "length": 2})).finish_reason == "length"
+    aborted = SglangDecoder("auto").feed(_sg([1], 1, {"type": "abort", "message": "boom"}))
+    assert aborted.error is not None and aborted.error.code == ErrorCode.ENGINE_ERROR
+    assert aborted.error.message == "boom"
+    bad = SglangDecoder("auto").feed(_sg([], 0, {"type": "abort", "message": "input is too long",
+                                                 "status_code": 400}))
+    assert bad.error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "code"),
+    [
+        (400, "This model's maximum context length is 10 tokens.", ErrorCode.CONTEXT_LENGTH_EXCEEDED),
+        (400, "temperature must be >= 0", ErrorCode.INVALID_REQUEST),
+        (404, "The model `x` does not exist.", ErrorCode.MODEL_NOT_FOUND),
+        (429, "slow down", ErrorCode.ENGINE_ERROR),
+        (503, "overloaded", ErrorCode.ENGINE_ERROR),
+    ],
+)
+def test_error_for_status(status: int, message: str, code: ErrorCode) -> None:
+    assert error_for_status(status, message).code == code
+
+
+def test_error_message_shapes() -> None:
+    assert error_message({"error": {"message": "a"}}, "d") == "a"
+    assert error_message({"object": "error", "message": "b"}, "d") == "b"
+    assert error_message({"detail": "c"}, "d") == "c"
+    assert error_message("plain text", "d") == "plain text"
+    assert error_message({}, "d") == "d"
+
+
+def test_round_robin_skips_unhealthy_workers() -> None:
+    workers = parse_workers(["sim=http://a", "vllm=http://b", "sglang+incremental=http://c"])
+    assert [w.kind for w in workers] == ["sim", "vllm", "sglang"]
+    assert workers[2].adapter.mode == "incremental"  # type: ignore[attr-defined]
+    policy = RoundRobin()
+    firsts = [policy.rank(REQ, workers)[0].url for _ in range(3)]
+    assert firsts == ["http://a", "http://b", "http://c"]
+    workers[1].mark_down("refused")
+    ranks = [policy.rank(REQ, workers) for _ in range(3)]
+    assert all("http://b" not in [w.url for w in r] for r in ranks)
+    for w in workers:
+        w.mark_down("refused")
+    assert len(policy.rank(REQ, workers)) == 3  # all down: try them all anyway
+
+
+def test_engine_settings_parse() -> None:
+    assert Settings(engines="sim=http://a:1, sglang=http://b:2").engines == [
+        "sim=http://a:1", "sglang=http://b:2"
+    ]
+    assert Settings(engines='["vllm=http://a:1"]').engines == ["vllm=http://a:1"]
+    with pytest.raises(ValueError, match="KIND=URL"):
+        Settings(engines="tgi=http://a:1")
+    with pytest.raises(ValueError, match="only sglang"):
+        Settings(engines="vllm+incremental=http://a:1")
