@@ -122,6 +122,24 @@ class Dispatcher:
                             message="no engine workers are configured (CHORUS_ENGINES)")
         active = Active(req)
         self.active[req.request_id] = active
+        try:
+            opened = await self._open_any(req, ranked)
+        except BaseException:
+            self._forget(active)
+            raise
+        if isinstance(opened, BusError):
+            self._forget(active)
+            return opened
+        worker, stream = opened
+        active.task = self._tg.create_task(self._stream(active, worker, stream))
+        return GenerateAccepted(worker=worker.url, engine=worker.kind)
+
+    async def _open_any(
+        self, req: GenerateRequest, ranked: list[Worker]
+    ) -> tuple[Worker, EngineStream] | BusError:
+        """The first worker (in policy order) whose engine takes the request; connection
+        failures move on to the next, other failures are the answer."""
+        assert self.client is not None
         deadline = time.monotonic() + self.settings.accept_timeout_s
         failures: list[str] = []
         for worker in ranked:
@@ -133,18 +151,17 @@ class Dispatcher:
                 stream = await open_stream(
                     self.client, worker.url, worker.adapter, req, accept_timeout=remaining
                 )
-            except EngineFailure as failure:
+            except BaseException as exc:
                 worker.in_flight -= 1
-                if failure.retryable:
-                    worker.mark_down(failure.error.message)
-                    failures.append(failure.error.message)
-                    continue
-                self._forget(active)
-                return failure.error
+                if not isinstance(exc, EngineFailure):
+                    raise
+                if not exc.retryable:
+                    return exc.error
+                worker.mark_down(exc.error.message)
+                failures.append(exc.error.message)
+                continue
             worker.mark_up()
-            active.task = self._tg.create_task(self._stream(active, worker, stream))
-            return GenerateAccepted(worker=worker.url, engine=worker.kind)
-        self._forget(active)
+            return worker, stream
         return BusError(
             code=ErrorCode.ENGINE_UNAVAILABLE,
             message="no engine worker could take the request: " + "; ".join(failures or ["timed out"]),

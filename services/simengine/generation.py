@@ -14,9 +14,10 @@ from services.simengine.script import Outcome, Script, limit, plan
 from services.simengine.settings import Settings
 from services.simengine.state import Recorder, RequestRecord
 
-# What ends generation on its own (ignore_eos=False), like the model's EOS ids; <|call|> stops
-# only when the client lists it in stop_token_ids (then vLLM reports it as stop_reason).
-EOS_TOKEN_IDS = (200002, 199999)
+# What ends generation on its own (ignore_eos=False): <|return|>, reported by vLLM with a null
+# stop_reason. <|call|> stops when the client lists it in stop_token_ids (then it is the
+# stop_reason). <|endoftext|> does not stop the simulator, so [[sim:raw]] text can carry it.
+EOS_TOKEN_IDS = (200002,)
 SPECIAL_TOKEN_START = 199998
 
 

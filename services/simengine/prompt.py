@@ -7,9 +7,12 @@ to answer the last message, nothing more. Pure functions, no I/O."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-_MESSAGE_ENDS = ("<|end|>", "<|call|>", "<|return|>")
+from services.common.harmony import CALL, END, MESSAGE, RETURN, START
+
+_END_IDS = frozenset({END, CALL, RETURN, START})
 _NAMESPACE = re.compile(r"namespace (\w+) \{\n(.*?)\n\} // namespace \1", re.DOTALL)
 _TOOL_HEAD = re.compile(r"^type (\w+) = \((?:_: \{)?", re.MULTILINE)
 _PROP = re.compile(r'^(\w+)(\?)?: (.+?),?$')
@@ -42,30 +45,41 @@ class ToolSignature:
         return f"{self.namespace}.{self.name}"
 
 
-def parse_messages(text: str) -> list[PromptMessage]:
-    """The complete messages of a decoded prompt; the trailing ``<|start|>assistant`` (the
-    generation prompt) has no ``<|message|>`` and is left out."""
+def parse_prompt(ids: Sequence[int], decode: Callable[[list[int]], str]) -> list[PromptMessage]:
+    """The complete messages of a prompt, split on the special token ids (text that merely
+    looks like ``<|start|>`` inside a message is ordinary text there). The trailing
+    ``<|start|>assistant`` (the generation prompt) has no ``<|message|>`` and is left out."""
     messages: list[PromptMessage] = []
-    for segment in text.split("<|start|>")[1:]:
-        header, sep, rest = segment.partition("<|message|>")
-        if not sep:
+    i, n = 0, len(ids)
+    while i < n:
+        if ids[i] != START:
+            i += 1
             continue
-        cut = min((i for i in (rest.find(end) for end in _MESSAGE_ENDS) if i >= 0), default=len(rest))
-        role_part, _, channel_part = header.partition("<|channel|>")
-        role_words = role_part.split()
-        channel_words = channel_part.replace("<|constrain|>", " ").split()
-        recipient = next(
-            (w[3:] for w in (*role_words, *channel_words) if w.startswith("to=")), None
-        )
-        messages.append(
-            PromptMessage(
-                author=role_words[0] if role_words else "",
-                content=rest[:cut],
-                channel=channel_words[0] if channel_words else None,
-                recipient=recipient,
-            )
-        )
+        j = i + 1
+        while j < n and ids[j] not in (MESSAGE, START):
+            j += 1
+        if j >= n or ids[j] == START:
+            i = j
+            continue
+        k = j + 1
+        while k < n and ids[k] not in _END_IDS:
+            k += 1
+        messages.append(_message(decode(list(ids[i + 1 : j])), decode(list(ids[j + 1 : k]))))
+        i = k
     return messages
+
+
+def _message(header: str, content: str) -> PromptMessage:
+    role_part, _, channel_part = header.partition("<|channel|>")
+    role_words = role_part.split()
+    channel_words = channel_part.replace("<|constrain|>", " ").split()
+    recipient = next((w[3:] for w in (*role_words, *channel_words) if w.startswith("to=")), None)
+    return PromptMessage(
+        author=role_words[0] if role_words else "",
+        content=content,
+        channel=channel_words[0] if channel_words else None,
+        recipient=recipient,
+    )
 
 
 def parse_tools(text: str) -> list[ToolSignature]:

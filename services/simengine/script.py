@@ -24,7 +24,7 @@ from services.simengine.prompt import (
     ToolProp,
     ToolSignature,
     directives,
-    parse_messages,
+    parse_prompt,
     parse_tools,
     strip_directives,
 )
@@ -179,8 +179,8 @@ def compose(messages: Sequence[PromptMessage], tools: Sequence[ToolSignature]) -
 
 def plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> Script:
     """Everything the simulated model will say for this prompt (before max_tokens/stops)."""
-    text = encoding.decode_utf8(list(prompt_ids))
-    messages = parse_messages(text)
+    text = encoding.decode(list(prompt_ids))
+    messages = parse_prompt(prompt_ids, encoding.decode)
     user_index, user_raw = _last_user(messages)
     said = read_directives(user_raw, content=user_index >= 0 and user_index == len(messages) - 1)
     if said.raw is not None:

@@ -15,7 +15,7 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from pydantic import TypeAdapter
 
-from contracts.errors import ErrorCode
+from contracts.errors import BusError, ErrorCode
 from contracts.messages.control import Cancel, Ping, Pong
 from contracts.messages.generate import (
     GenerateAccepted,
@@ -28,6 +28,7 @@ from contracts.subjects import REQUEST_ID_HEADER, Subjects
 from services.common import bus
 from services.common.harmony import CALL, RETURN, harmony_encoding
 from services.dispatcher.app import run
+from services.dispatcher.service import Dispatcher
 from services.dispatcher.settings import Settings
 from services.simengine.app import RunningSim, serving
 from services.simengine.script import plan
@@ -297,3 +298,30 @@ async def test_many_concurrent_requests(nats_url: str, namespace: str, sim: Runn
         got = streams[r.request_id]
         assert [x.seq for x in got] == list(range(len(got)))
         assert [t for x in got for t in x.token_ids] == expected
+
+
+async def test_cancel_races_without_a_bus(sim: RunningSim) -> None:
+    """A cancel heard before the generate request refuses it; a cancel right after the accept,
+    before the stream task first runs, still aborts the engine and ends with "abort"."""
+    batches: list[TokenBatch] = []
+    ended = asyncio.Event()
+
+    async def publish(subject: str, data: bytes, headers: dict[str, str]) -> None:
+        batches.append(TokenBatch.model_validate_json(data))
+        if batches[-1].done:
+            ended.set()
+
+    settings = Settings(engines=[f"sim={sim.url}"])
+    async with Dispatcher(settings) as d:
+        d.bind(publish)
+        subjects = Subjects("unit")
+        fake = Bus(None, subjects, settings)  # type: ignore[arg-type]
+        assert d.cancel("early") is False
+        refused = await d.generate(gen_request(fake, user_prompt("hi"), "early"))
+        assert isinstance(refused, BusError) and refused.code == ErrorCode.CANCELLED
+        accepted = await d.generate(gen_request(fake, user_prompt(SLOW), "quick-cancel"))
+        assert isinstance(accepted, GenerateAccepted)
+        assert d.cancel("quick-cancel") is True
+        await asyncio.wait_for(ended.wait(), 5)
+        await sim.recorder.wait_aborted("quick-cancel", timeout=5)
+    assert [b.finish_reason for b in batches] == ["abort"]

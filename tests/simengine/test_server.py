@@ -218,3 +218,10 @@ async def test_many_concurrent_streams_at_zero_delay(http: httpx.AsyncClient) ->
     async with asyncio.timeout(20):
         results = await asyncio.gather(*(one(i) for i in range(64)))
     assert all(r == expected for r in results)
+
+
+async def test_raw_output_passes_endoftext_through(http: httpx.AsyncClient) -> None:
+    raw = "<|channel|>analysis<|message|>Hmm.<|endoftext|><|start|>assistant<|channel|>final<|message|>Done.<|return|>"
+    chunks = await events(http, "/v1/completions", vllm_body(user_prompt(f"[[sim:raw={raw}]]"), "raw1"))
+    ids = [t for c in chunks[:-1] for t in c["choices"][0]["token_ids"]]
+    assert ids == ENC.encode(raw, allowed_special="all")
