@@ -65,32 +65,31 @@ class Generation:
         return len(self.record.prompt_token_ids)
 
     async def pieces(self) -> AsyncIterator[Piece]:
-        """The output in chunks, paced; stops early when the request is aborted."""
+        """The output in chunks, paced; stops early when the request is aborted. With
+        ``error_after``, the tokens before the failure, then a piece carrying the error."""
         ids = self.outcome.token_ids
-        total = len(ids) if self.error_after is None else min(len(ids), max(0, self.error_after))
         failing = self.error_after is not None and self.error_after < len(ids)
+        total = min(len(ids), max(0, self.error_after or 0)) if failing else len(ids)
         if self.settings.prefill_delay_ms > 0:
             await asyncio.sleep(self.settings.prefill_delay_ms / 1000)
         self.recorder.running += 1
         try:
             sent = 0
+            # at least one piece, even for an empty output: it carries the finish
             while sent < total or (sent == 0 and not failing):
                 if self.record.aborted:
                     return
-                chunk = ids[sent : sent + self.chunk_size] if sent < total else []
-                if failing:
-                    chunk = chunk[: total - sent]
+                chunk = ids[sent : min(sent + self.chunk_size, total)]
                 sent += len(chunk)
-                last = not failing and sent >= len(ids)
+                last = not failing and sent == total
                 yield Piece(chunk, sent, last)
                 if last:
                     return
                 await self._pause()
-            if failing and not self.record.aborted:
+            if not self.record.aborted:
                 yield Piece([], sent, True, error=f"simulated engine failure after {sent} tokens")
         finally:
             self.recorder.running -= 1
-
 
     async def _pause(self) -> None:
         """The pause between chunks; wakes early on an abort. Zero delay still yields to the

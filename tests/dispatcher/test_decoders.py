@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contracts.errors import ErrorCode
 from contracts.messages.generate import GenerateRequest, SamplingParams
@@ -168,3 +171,55 @@ def test_engine_settings_parse() -> None:
         Settings(engines="tgi=http://a:1")
     with pytest.raises(ValueError, match="only sglang"):
         Settings(engines="vllm+incremental=http://a:1")
+
+
+@st.composite
+def chunked_output(draw: st.DrawFn) -> tuple[list[int], list[int]]:
+    """Output ids (ending with a stop token) and the sizes of the chunks they stream in."""
+    ids = draw(st.lists(st.integers(0, 5), min_size=1, max_size=40))  # small alphabet: repeats
+    ids.append(RETURN)
+    cuts = sorted(draw(st.sets(st.integers(1, len(ids) - 1), max_size=len(ids) - 1)))
+    bounds = [0, *cuts, len(ids)]
+    return ids, [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunked_output(), st.booleans(), st.booleans())
+def test_sglang_auto_mode_recovers_any_stream(
+    case: tuple[list[int], list[int]], incremental: bool, trim: bool
+) -> None:
+    """Whatever the chunking, auto mode reads back exactly the ids the engine generated, from
+    cumulative or incremental streams, with or without the stop token trimmed."""
+    ids, sizes = case
+    dec = SglangDecoder("auto")
+    got: list[int] = []
+    sent = 0
+    for n, size in enumerate(sizes):
+        sent += size
+        last = n == len(sizes) - 1
+        out = ids[sent - size : sent] if incremental else ids[:sent]
+        if last and trim:
+            out = out[:-1]
+        finish = {"type": "stop", "matched": RETURN} if last else None
+        chunk = dec.feed(_sg(out, sent, finish))
+        assert chunk is not None
+        got.extend(chunk.token_ids)
+    assert got == ids
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
+        st.sampled_from(["choices", "usage", "token_ids", "finish_reason", "stop_reason",
+                         "output_ids", "meta_info", "completion_tokens", "type", "matched"]),
+        inner, max_size=4),
+    max_leaves=12,
+))
+def test_decoders_never_raise_on_odd_events(event: object) -> None:
+    """Engine output is not trusted: odd events give a chunk, nothing, or an error chunk."""
+    from services.dispatcher.engines.stream import EngineStream
+
+    for decoder in (VllmDecoder([RETURN]), SglangDecoder("auto")):
+        stream = EngineStream(None, decoder, "http://engine")  # type: ignore[arg-type]
+        stream._decode(json.dumps(event).encode())

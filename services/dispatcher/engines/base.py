@@ -60,6 +60,13 @@ class EngineAdapter(Protocol):
         ...
 
 
+def token_ids(value: Any) -> list[int]:
+    """Token ids from an engine event; ``ValueError`` when they are not a list of ints."""
+    if not isinstance(value, list) or not all(type(t) is int and t >= 0 for t in value):
+        raise ValueError(f"token ids must be a list of non-negative ints, got {str(value)[:80]}")
+    return value
+
+
 def error_for_status(status: int, message: str) -> BusError:
     """An engine's HTTP error status, in the bus's terms (caller mistakes stay 4xx)."""
     if status == 404:

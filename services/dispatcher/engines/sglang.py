@@ -15,7 +15,12 @@ import httpx
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineUsage, GenerateRequest
-from services.dispatcher.engines.base import EngineChunk, error_for_status, error_message
+from services.dispatcher.engines.base import (
+    EngineChunk,
+    error_for_status,
+    error_message,
+    token_ids,
+)
 
 Mode = Literal["auto", "cumulative", "incremental"]
 
@@ -61,23 +66,23 @@ class SglangDecoder:
         self.mode: Mode = mode
         self.ids: list[int] = []  # everything received (needed to slice cumulative chunks)
 
-    def _detect(self, out: list[int], completion: object, stopped: bool) -> Mode:
+    def _detect(self, out: list[int], completion: object, matched: int | None) -> Mode:
         """Cumulative or incremental, from one chunk (after the first)."""
         n, length = len(self.ids), len(out)
         if isinstance(completion, int):
-            # a stop token trimmed by the server is counted but not sent
-            trimmed = 1 if stopped else 0
-            incremental = completion in (n + length, n + length + trimmed)
-            cumulative = length in (completion, completion - trimmed)
+            # a stop token trimmed by the server (not at the end) is counted but not sent
+            trimmed = 1 if matched is not None and (not out or out[-1] != matched) else 0
+            incremental = completion == n + length + trimmed
+            cumulative = length == completion - trimmed
             if incremental != cumulative:
                 return "incremental" if incremental else "cumulative"
         return "cumulative" if length >= n and out[:n] == self.ids else "incremental"
 
-    def _delta(self, out: list[int], completion: object, stopped: bool) -> list[int]:
+    def _delta(self, out: list[int], completion: object, matched: int | None) -> list[int]:
         if not self.ids:
             return out  # the first chunk reads the same either way
         if self.mode == "auto":
-            self.mode = self._detect(out, completion, stopped)
+            self.mode = self._detect(out, completion, matched)
         return out[len(self.ids):] if self.mode == "cumulative" else out
 
     def feed(self, event: dict[str, Any]) -> EngineChunk | None:
@@ -86,8 +91,10 @@ class SglangDecoder:
         if out is None:
             return None
         finish = meta.get("finish_reason")
-        stopped = isinstance(finish, dict) and finish.get("type") == "stop"
-        delta = self._delta(list(out), meta.get("completion_tokens"), stopped)
+        matched = None
+        if isinstance(finish, dict) and finish.get("type") == "stop":
+            matched = finish.get("matched") if isinstance(finish.get("matched"), int) else None
+        delta = self._delta(token_ids(out), meta.get("completion_tokens"), matched)
         self.ids.extend(delta)
         usage = _usage(meta)
         if not finish:

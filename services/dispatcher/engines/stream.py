@@ -72,7 +72,12 @@ class EngineStream:
             message = error_message(event, "the engine failed mid-stream")
             return EngineChunk(finish_reason="error",
                                error=BusError(code=ErrorCode.ENGINE_ERROR, message=message))
-        chunk = self.decoder.feed(event)
+        try:
+            chunk = self.decoder.feed(event)
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            return EngineChunk(finish_reason="error", error=BusError(
+                code=ErrorCode.ENGINE_ERROR, message=f"the engine sent an event Chorus cannot read: {exc}",
+            ))
         if chunk is not None and chunk.error is not None and chunk.finish_reason != "error":
             return EngineChunk(chunk.token_ids, "error", None, chunk.usage, chunk.error)
         return chunk

@@ -13,7 +13,7 @@ import httpx
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest
-from services.dispatcher.engines.base import EngineChunk
+from services.dispatcher.engines.base import EngineChunk, token_ids
 
 FINISH_REASONS: dict[str, EngineFinishReason] = {
     "stop": "stop", "length": "length", "abort": "abort", "error": "error",
@@ -78,7 +78,7 @@ class VllmDecoder:
                             "support (vLLM >= 0.10.2)",
                 ))
             ids = []
-        ids = list(ids)
+        ids = token_ids(ids)
         if ids:
             self.last_id = ids[-1]
         raw_finish = choice.get("finish_reason")
