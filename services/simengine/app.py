@@ -69,8 +69,13 @@ async def models(request: Request) -> Response:
 
 
 async def sim_requests(request: Request) -> Response:
+    """What the engine saw, oldest first; ``?request_id=X`` keeps that request's records."""
     sim: SimState = request.app.state.sim
-    return JSONResponse(sim.recorder.list())
+    records = sim.recorder.list()
+    wanted = request.query_params.get("request_id")
+    if wanted is not None:
+        records = [r for r in records if r["request_id"] == wanted]
+    return JSONResponse(records)
 
 
 async def metrics(request: Request) -> Response:

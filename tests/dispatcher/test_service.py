@@ -325,3 +325,13 @@ async def test_cancel_races_without_a_bus(sim: RunningSim) -> None:
         await asyncio.wait_for(ended.wait(), 5)
         await sim.recorder.wait_aborted("quick-cancel", timeout=5)
     assert [b.finish_reason for b in batches] == ["abort"]
+
+
+async def test_unreadable_requests_get_an_error_reply(nats_url: str, namespace: str, sim: RunningSim) -> None:
+    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as b:
+        for payload, param in ((b"garbage", None), (b'{"kind": "generate"}', "request_id")):
+            reply = await b.nc.request(b.subjects.generate, payload, timeout=5)
+            error = TypeAdapter(BusError).validate_json(reply.data)
+            assert error.code == ErrorCode.INVALID_REQUEST and error.param == param
+        await b.nc.publish(b.subjects.cancel, b"garbage")  # ignored, the service goes on
+        assert (await b.ping()).ready

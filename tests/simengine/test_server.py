@@ -128,8 +128,8 @@ async def test_vllm_client_disconnect_is_recorded_as_abort(http: httpx.AsyncClie
                 break
     record = await sim.recorder.wait_aborted("v7", timeout=5)
     assert record.aborted and not record.finished
-    listed = (await http.get("/sim/requests")).json()
-    assert next(r for r in listed if r["request_id"] == "v7")["aborted"] is True
+    (listed,) = (await http.get("/sim/requests", params={"request_id": "v7"})).json()
+    assert listed["aborted"] is True and listed["finished"] is False
 
 
 async def test_prefix_cache_reports_cached_tokens(http: httpx.AsyncClient) -> None:
