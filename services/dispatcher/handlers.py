@@ -24,9 +24,10 @@ def error_replies() -> ExceptionMiddleware:
 
     @middleware.add_handler(ValidationError, publish=True)
     def _invalid(exc: ValidationError) -> BusError:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:])  # [0]: the handler's argument
-        what = f"{where}: {first.get('msg', '')}" if where else first.get("msg", "")
+        errors = exc.errors()
+        loc, msg = (errors[0]["loc"], errors[0]["msg"]) if errors else ((), "unreadable")
+        where = ".".join(str(p) for p in loc[1:])  # loc[0] is the handler's argument
+        what = f"{where}: {msg}" if where else msg
         return BusError(code=ErrorCode.INVALID_REQUEST,
                         message=f"invalid message for the dispatcher: {what}", param=where or None)
 
