@@ -36,7 +36,10 @@ from services.dispatcher.workers import (
 
 log = logging.getLogger("chorus.dispatcher")
 
+# A cancel can overtake its generate request inside this process (concurrent handlers): one
+# heard this recently refuses the request. Short, so a later retry under the same id works.
 RECENT_CANCELS = 4096
+RECENT_CANCEL_TTL_S = 2.0
 
 
 @dataclass(eq=False)
@@ -66,7 +69,7 @@ class Dispatcher:
         )
         self.active: dict[str, Active] = {}
         self.health_checked = asyncio.Event()
-        self._recent_cancels: OrderedDict[str, None] = OrderedDict()
+        self._recent_cancels: OrderedDict[str, float] = OrderedDict()  # id -> monotonic time
         self._publish: Publish | None = None
         self._stop = asyncio.Event()
         self._stack = contextlib.AsyncExitStack()
@@ -114,7 +117,8 @@ class Dispatcher:
     async def generate(self, req: GenerateRequest) -> GenerateAccepted | BusError:
         if self._tg is None or self.client is None or self._publish is None or self._stop.is_set():
             return BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message="the dispatcher is not running")
-        if req.request_id in self._recent_cancels:
+        heard = self._recent_cancels.get(req.request_id)
+        if heard is not None and time.monotonic() - heard < RECENT_CANCEL_TTL_S:
             return BusError(code=ErrorCode.CANCELLED, message="the request was cancelled")
         ranked = self.policy.rank(req, self.workers)
         if not ranked:
@@ -169,7 +173,8 @@ class Dispatcher:
 
     def cancel(self, request_id: str) -> bool:
         """Abort the request if this dispatcher owns it (every dispatcher hears every cancel)."""
-        self._recent_cancels[request_id] = None
+        self._recent_cancels[request_id] = time.monotonic()
+        self._recent_cancels.move_to_end(request_id)
         while len(self._recent_cancels) > RECENT_CANCELS:
             self._recent_cancels.popitem(last=False)
         active = self.active.get(request_id)
