@@ -225,3 +225,16 @@ async def test_raw_output_passes_endoftext_through(http: httpx.AsyncClient) -> N
     chunks = await events(http, "/v1/completions", vllm_body(user_prompt(f"[[sim:raw={raw}]]"), "raw1"))
     ids = [t for c in chunks[:-1] for t in c["choices"][0]["token_ids"]]
     assert ids == ENC.encode(raw, allowed_special="all")
+
+
+async def test_sglang_non_stream_and_stop_token_ids(http: httpx.AsyncClient) -> None:
+    prompt = user_prompt("Say hello")
+    body = {**sglang_body(prompt, "s7"), "stream": False}
+    whole = (await http.post("/generate", json=body)).json()
+    assert whole["output_ids"] == plan(prompt, ENC).output_ids
+    assert whole["meta_info"]["finish_reason"] == {"type": "stop", "matched": RETURN}
+    # the first listed stop id emitted ends the generation (here <|message|>, third token)
+    body["sampling_params"] = {**body["sampling_params"], "stop_token_ids": [200008]}
+    cut = (await http.post("/generate", json={**body, "rid": "s8"})).json()
+    assert cut["output_ids"] == plan(prompt, ENC).output_ids[:3]
+    assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": 200008}
