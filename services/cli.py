@@ -29,7 +29,7 @@ SERVICE_MODULES = {
     "tools": "services.tools",
     "sim-engine": "services.simengine",
 }
-ENGINE_KINDS = ("vllm", "sglang", "sim")
+ENGINE_KINDS = ("vllm", "sglang", "sim", "openai", "openai-chat")
 
 
 def _set_pdeathsig() -> None:
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--port", type=int, default=8000)
     p_up.add_argument("--model", action="append", help="served model name (repeatable)")
     p_up.add_argument("--engine", action="append", type=_parse_engine,
-                      help="engine worker KIND=URL, KIND: vllm | sglang | sim (repeatable)")
+                      help="engine worker KIND=URL, KIND: vllm | sglang | sim | openai | openai-chat (repeatable)")
     p_up.add_argument("--namespace", default=os.environ.get("CHORUS_NAMESPACE", "chorus"))
     p_up.add_argument("--parser-workers", type=int, default=2)
     p_up.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
