@@ -67,8 +67,10 @@ async def serve(
     on_start: Callable[[], Awaitable[None]] | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
     stop: asyncio.Event | None = None,
+    ready: asyncio.Event | None = None,
 ) -> None:
-    """Start the broker, run until ``stop`` is set or SIGINT/SIGTERM, then shut down."""
+    """Start the broker, run until ``stop`` is set or SIGINT/SIGTERM, then shut down.
+    ``ready`` is set once every subscription is registered with the server."""
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -78,6 +80,9 @@ async def serve(
     try:
         if on_start:
             await on_start()
+        await broker.connection.flush()
+        if ready is not None:
+            ready.set()
         await stop.wait()
     finally:
         if on_stop:
