@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -17,6 +17,8 @@ class ParseOpen(Contract):
     events_subject: str  # where the parser sends ParsedBatch messages
     tool_names: list[str] = Field(default_factory=list)  # offered function tools (recovery)
     namespaces: list[str] = Field(default_factory=list)  # tool namespaces offered besides functions
+    # JSON schemas of the offered function tools, to repair misnamed arguments
+    tool_schemas: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
 class ParseOpened(Contract):

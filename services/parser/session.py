@@ -1,0 +1,383 @@
+"""One request's parse: Harmony token ids -> typed events (items added, text deltas, items
+done, finished). Deterministic for a given token sequence, so a replacement worker can replay a
+request's tokens and produce the same events and ids.
+
+Structure: a token-level framing guard owns message boundaries and headers, because real
+gpt-oss output breaks Harmony's grammar in ways openai-harmony's parser either rejects
+(recipient before the channel, a repeated recipient, text after a terminator) or silently
+turns into user-visible text (``<|start|>``/``<|channel|>``/``<|endoftext|>`` inside content).
+The guard parses headers leniently (``recovery.parse_header``) and hands each message's
+content tokens to openai-harmony's ``StreamableParser`` (non-strict) for decoding. Every repair
+is named and counted; nothing in here raises on model output."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai_harmony import HarmonyEncoding, Role, StreamableParser
+
+from contracts.errors import BusError
+from contracts.messages.generate import EngineFinishReason, EngineUsage
+from contracts.messages.items import FunctionCallItem, MessageItem, OutputItem, ReasoningItem
+from contracts.messages.parse import (
+    Failed,
+    Finished,
+    ItemAdded,
+    ItemDelta,
+    ItemDone,
+    ParseEvent,
+    Usage,
+)
+from services.common.harmony import CALL, CHANNEL, CONSTRAIN, END, ENDOFTEXT, MESSAGE, RETURN, START
+from services.parser.recovery import (
+    ControlTextFilter,
+    Header,
+    map_recipient,
+    parse_header,
+    recover_tool_call,
+    repair_json,
+    strip_control_text,
+)
+
+log = logging.getLogger("chorus.parser")
+
+FIRST_SPECIAL = 199998  # o200k: ids below are ordinary text tokens
+TERMINATORS = (END, RETURN, CALL)
+_HEADER, _CONTENT, _BETWEEN = 0, 1, 2
+
+
+@dataclass
+class _Item:
+    index: int
+    kind: str  # reasoning | message | call
+    item: OutputItem
+    parser: StreamableParser
+    text: list[str] = field(default_factory=list)
+    filter: ControlTextFilter = field(default_factory=ControlTextFilter)
+    hold: bool = False  # a final message that might be a misplaced tool call
+    decided: bool = False
+    announced: bool = False
+
+
+class ParseSession:
+    def __init__(
+        self,
+        encoding: HarmonyEncoding,
+        request_id: str,
+        tool_names: list[str] | None = None,
+        namespaces: list[str] | None = None,
+        tool_schemas: dict[str, dict[str, Any]] | None = None,
+    ) -> None:
+        self.enc = encoding
+        self.request_id = request_id
+        self.tool_names = list(tool_names or [])
+        self.namespaces = list(namespaces or [])
+        self.tool_schemas = tool_schemas or {}
+        self.recoveries: Counter[str] = Counter()
+        self.tokens_seen = 0
+        self.reasoning_tokens = 0
+        self.batches_seen = 0
+        self._state = _HEADER  # the prompt ended with <|start|>assistant
+        self._messages = 0
+        self._sections: dict[str, list[int]] = {"role": []}
+        self._section = "role"
+        self._item: _Item | None = None
+        self._next_index = 0
+        self._calls = 0
+        self._events: list[ParseEvent] = []
+        self._finished = False
+        self._channel_prefix = [CHANNEL, *encoding.encode("final", allowed_special="all"), MESSAGE]
+
+    # -- public ---------------------------------------------------------------------------
+    def feed(self, token_ids: list[int]) -> list[ParseEvent]:
+        self.batches_seen += 1
+        if self._finished:
+            return []
+        for t in token_ids:
+            self.tokens_seen += 1
+            if t >= FIRST_SPECIAL:
+                self._special(t)
+            elif self._state == _CONTENT:
+                self._content(t)
+            else:
+                if self._state == _BETWEEN:
+                    self.recoveries["text_after_terminator"] += 1
+                    self._new_header()
+                self._sections[self._section].append(t)
+        return self._take()
+
+    def finish(
+        self,
+        finish_reason: EngineFinishReason | None,
+        usage: EngineUsage | None = None,
+        error: BusError | None = None,
+    ) -> list[ParseEvent]:
+        if self._finished:
+            return []
+        cut = finish_reason in ("length", "abort", "error") or error is not None
+        if self._state == _CONTENT:
+            self._end_message(incomplete=cut)
+        elif self._state == _HEADER:
+            self._header_as_body("trailing_header_text", incomplete=cut)
+        self._finished = True
+        u = Usage(
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage and usage.completion_tokens else self.tokens_seen,
+            reasoning_tokens=self.reasoning_tokens,
+            cached_tokens=usage.cached_tokens if usage else None,
+        )
+        if self.recoveries:
+            log.warning("request %s: repaired model output: %s", self.request_id, dict(self.recoveries))
+        if error is not None or finish_reason == "error":
+            self._events.append(Failed(error=error or BusError(code="engine_error", message="the engine failed"), usage=u))
+        else:
+            reason = finish_reason or "stop"
+            if reason == "stop" and self._calls:
+                reason = "tool_calls"
+            self._events.append(Finished(finish_reason=reason, usage=u, recoveries=sorted(self.recoveries)))
+        return self._take()
+
+    # -- framing --------------------------------------------------------------------------
+    def _take(self) -> list[ParseEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def _new_header(self) -> None:
+        self._state = _HEADER
+        self._sections = {"role": []}
+        self._section = "role"
+
+    def _header_has_text(self) -> bool:
+        return any(self._sections.values())
+
+    def _special(self, t: int) -> None:
+        state = self._state
+        if t == START:
+            if state == _CONTENT:
+                self.recoveries["start_in_content"] += 1
+                self._end_message()
+            elif state == _HEADER and (self._header_has_text() or len(self._sections) > 1):
+                self.recoveries["restarted_header"] += 1
+                self._header_as_body("restarted_header")
+            self._new_header()
+        elif t == CHANNEL:
+            if state == _CONTENT:
+                self.recoveries["channel_in_content"] += 1
+                self._end_message()
+                self._new_header()
+            elif state == _BETWEEN:
+                self.recoveries["missing_start"] += 1
+                self._new_header()
+            self._sections["channel"] = []
+            self._section = "channel"
+        elif t == CONSTRAIN:
+            if state == _HEADER:
+                self._sections["constrain"] = []
+                self._section = "constrain"
+            elif state == _CONTENT:
+                self.recoveries["constrain_in_content"] += 1
+        elif t == MESSAGE:
+            if state == _HEADER:
+                self._open_message()
+            elif state == _CONTENT:
+                self.recoveries["message_in_content"] += 1
+            else:
+                self.recoveries["missing_header"] += 1
+                self._new_header()
+                self._open_message()
+        elif t in TERMINATORS:
+            if state == _CONTENT:
+                self._end_message(terminator=t)
+            elif state == _HEADER:
+                self._header_as_body("body_in_header")
+                self._state = _BETWEEN
+        else:  # <|endoftext|> or any other special token: a boundary
+            kind = "endoftext_boundary" if t == ENDOFTEXT else "unexpected_special_token"
+            self.recoveries[kind] += 1
+            if state == _CONTENT:
+                self._end_message()
+            elif state == _HEADER:
+                self._header_as_body(kind)
+            self._state = _BETWEEN
+
+    def _header(self) -> Header:
+        dec = self.enc.decode
+        channel = self._sections.get("channel")
+        constrain = self._sections.get("constrain")
+        return parse_header(
+            dec(self._sections["role"]) if self._sections["role"] else "",
+            dec(channel) if channel is not None else None,
+            dec(constrain) if constrain is not None else None,
+        )
+
+    def _header_as_body(self, kind: str, incomplete: bool = False) -> None:
+        """A header that never reached <|message|>: whatever text it holds is the answer."""
+        if not self._header_has_text():
+            self._state = _BETWEEN
+            return
+        header = self._header()
+        body = header.body
+        channel_tokens = self._sections.get("channel")
+        if channel_tokens:
+            channel_text = self.enc.decode(channel_tokens).strip()
+            rest = channel_text.split(None, 1)
+            # after a known channel name the rest is the body; with no known name, all of it is
+            tail = (rest[1] if len(rest) > 1 else "") if header.channel else channel_text
+            body = (body + " " if body else "") + tail
+        body = body.strip()
+        self._state = _BETWEEN
+        if not body:
+            return
+        self.recoveries[kind] += 1
+        channel = header.channel if header.channel in ("analysis", "final") else "final"
+        self._complete_item(channel, body, incomplete)
+
+    def _complete_item(self, channel: str, text: str, incomplete: bool) -> None:
+        item = self._start_item(Header(channel=channel))
+        item.hold = item.hold and not incomplete
+        self._text(item, text)
+        self._item = item
+        self._end_message(incomplete=incomplete)
+
+    def _open_message(self) -> None:
+        header = self._header()
+        if header.junk:
+            self.recoveries["junk_in_header"] += 1
+        if header.body:
+            self.recoveries["text_before_header"] += 1
+            self._complete_item("final", header.body, incomplete=False)
+        self._item = self._start_item(header)
+        self._state = _CONTENT
+
+    def _start_item(self, header: Header) -> _Item:
+        index = self._next_index
+        self._next_index += 1
+        self._messages += 1
+        parser = StreamableParser(self.enc, Role.ASSISTANT, strict=False)
+        for tok in self._channel_prefix:
+            parser.process(tok)
+        recipient = map_recipient(header.recipient, self.tool_names, self.namespaces)
+        channel = header.channel
+        item: OutputItem
+        if recipient is not None:
+            if recipient.recovered:
+                self.recoveries[recipient.recovered] += 1
+            if channel != "commentary":
+                self.recoveries["tool_call_on_" + (channel or "no_channel")] += 1
+            self._calls += 1
+            item = FunctionCallItem(
+                id=self._id("fc", index), call_id=self._id("call", index), name=recipient.name,
+                namespace=recipient.namespace, arguments="", status="in_progress",
+            )
+            kind = "call"
+        elif channel == "analysis":
+            item = ReasoningItem(id=self._id("rs", index), text="", status="in_progress")
+            kind = "reasoning"
+        else:
+            if channel is None:
+                self.recoveries["unknown_channel" if header.unknown_channel else "missing_channel"] += 1
+            out_channel = "commentary" if channel == "commentary" else "final"
+            item = MessageItem(id=self._id("msg", index), role="assistant", content="",
+                               channel=out_channel, status="in_progress")
+            kind = "message"
+        entry = _Item(index=index, kind=kind, item=item, parser=parser)
+        entry.hold = kind == "message" and bool(self.tool_names)
+        if not entry.hold:
+            self._announce(entry)
+        return entry
+
+    def _announce(self, entry: _Item) -> None:
+        entry.announced = True
+        self._events.append(ItemAdded(output_index=entry.index, item=entry.item))
+
+    def _id(self, prefix: str, index: int) -> str:
+        digest = hashlib.sha1(f"{self.request_id}:{prefix}:{index}".encode()).hexdigest()[:24]
+        return f"{prefix}_{digest}"
+
+    # -- content --------------------------------------------------------------------------
+    def _content(self, t: int) -> None:
+        entry = self._item
+        assert entry is not None
+        if entry.kind == "reasoning":
+            self.reasoning_tokens += 1
+        try:
+            entry.parser.process(t)
+            delta = entry.parser.last_content_delta
+        except Exception:  # openai-harmony refused a token: decode it ourselves
+            self.recoveries["parser_error"] += 1
+            delta = self.enc.decode([t])
+        if delta:
+            self._text(entry, delta)
+
+    def _text(self, entry: _Item, delta: str) -> None:
+        before = entry.filter.removed
+        text = entry.filter.feed(delta)
+        if entry.filter.removed != before:
+            self.recoveries["control_text_removed"] += 1
+        if not text:
+            return
+        entry.text.append(text)
+        if entry.hold and not entry.decided:
+            so_far = "".join(entry.text).lstrip()
+            if not so_far:
+                return
+            entry.decided = True
+            if so_far[0] in "{`":
+                return  # keep holding until the message ends
+            entry.hold = False
+            self._announce(entry)
+            self._events.append(ItemDelta(output_index=entry.index, delta="".join(entry.text)))
+            return
+        if not entry.hold:
+            self._events.append(ItemDelta(output_index=entry.index, delta=text))
+
+    def _end_message(self, terminator: int | None = None, incomplete: bool = False) -> None:
+        entry = self._item
+        self._item = None
+        self._state = _BETWEEN
+        if entry is None:
+            return
+        rest = entry.filter.flush()
+        if rest:
+            rest = strip_control_text(rest)
+            if rest:
+                entry.text.append(rest)
+                if entry.announced:
+                    self._events.append(ItemDelta(output_index=entry.index, delta=rest))
+        text = "".join(entry.text)
+        status = "incomplete" if incomplete else "completed"
+        item = entry.item
+        if entry.hold:  # a final message we held back: a tool call written as text, or text
+            call = None if incomplete else recover_tool_call(text, self.tool_names, self.tool_schemas)
+            if call is not None:
+                self.recoveries[call.kind] += 1
+                self._calls += 1
+                item = FunctionCallItem(id=self._id("fc", entry.index), call_id=self._id("call", entry.index),
+                                        name=call.name, arguments=call.arguments, status=status)
+                self._events.append(ItemAdded(output_index=entry.index, item=item.model_copy(update={"arguments": "", "status": "in_progress"})))
+                self._events.append(ItemDelta(output_index=entry.index, delta=call.arguments))
+                self._events.append(ItemDone(output_index=entry.index, item=item))
+                return
+            if not text:
+                return
+            self._announce(entry)
+            self._events.append(ItemDelta(output_index=entry.index, delta=text))
+        if isinstance(item, ReasoningItem):
+            done: OutputItem = item.model_copy(update={"text": text, "status": status})
+        elif isinstance(item, FunctionCallItem):
+            arguments = text
+            if not incomplete:
+                arguments, ok = repair_json(text)
+                if arguments != text.strip() and ok:
+                    self.recoveries["arguments_repaired"] += 1
+                elif not ok:
+                    self.recoveries["arguments_not_json"] += 1
+                    arguments = text
+            done = item.model_copy(update={"arguments": arguments, "status": status})
+        else:
+            done = item.model_copy(update={"content": text, "status": status})
+        self._events.append(ItemDone(output_index=entry.index, item=done))
