@@ -25,6 +25,7 @@ def setup_logging(level: str) -> None:
     )
     # faststream logs every message at INFO; that is far too loud for a token stream.
     logging.getLogger("faststream").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine request / health poll
 
 
 def make_broker(settings: BusSettings, name: str) -> NatsBroker:

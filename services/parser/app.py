@@ -31,7 +31,7 @@ async def run(
 
     @broker.subscriber(subjects.cancel)
     async def on_cancel(msg: Cancel) -> None:
-        sessions.cancel(msg)
+        await sessions.cancel(msg)
 
     add_health(broker, settings, "parser")
 

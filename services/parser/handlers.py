@@ -50,8 +50,20 @@ class Sessions:
         self._open[req.request_id] = _Open(session, req.events_subject)
         return ParseOpened(worker_id=self.worker_id, token_subject=self.token_subject)
 
-    def cancel(self, msg: Cancel) -> None:
-        self._open.pop(msg.request_id, None)
+    async def cancel(self, msg: Cancel) -> None:
+        """End the session as aborted, so a gateway still listening (a cancelled background
+        response) learns at once; one that has gone away simply ignores it."""
+        entry = self._open.pop(msg.request_id, None)
+        if entry is None:
+            return
+        events = entry.session.finish("abort", None, None)
+        await self._publish(msg.request_id, entry, events)
+
+    async def _publish(self, request_id: str, entry: _Open, events: list) -> None:  # type: ignore[type-arg]
+        out = ParsedBatch(request_id=request_id, seq=entry.out_seq, events=events)
+        entry.out_seq += 1
+        assert self.nc is not None
+        await self.nc.publish(entry.events_subject, bus.dump(out), headers={REQUEST_ID_HEADER: request_id})
 
     async def on_tokens(self, msg: Msg) -> None:
         try:
@@ -75,11 +87,7 @@ class Sessions:
                 RECOVERIES.labels(kind).inc(n)
         if not events and not batch.done:
             return
-        out = ParsedBatch(request_id=batch.request_id, seq=entry.out_seq, events=events)
-        entry.out_seq += 1
-        assert self.nc is not None
-        await self.nc.publish(entry.events_subject, bus.dump(out),
-                              headers={REQUEST_ID_HEADER: batch.request_id})
+        await self._publish(batch.request_id, entry, events)
 
     def expire(self, idle_s: float) -> int:
         now = time.monotonic()
