@@ -17,6 +17,7 @@ class ParseOpen(Contract):
     events_subject: str  # where the parser sends ParsedBatch messages
     tool_names: list[str] = Field(default_factory=list)  # offered function tools (recovery)
     namespaces: list[str] = Field(default_factory=list)  # tool namespaces offered besides functions
+    turn: int = 0  # which model turn of the request (tool loops generate several); ids differ per turn
     # JSON schemas of the offered function tools, to repair misnamed arguments
     tool_schemas: dict[str, dict[str, Any]] = Field(default_factory=dict)
 

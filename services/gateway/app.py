@@ -31,8 +31,8 @@ from services.gateway.settings import Settings
 
 log = logging.getLogger("chorus.gateway")
 
-# services the gateway needs to answer a request; tools is optional until an MCP tool is used
-REQUIRED_SERVICES = tuple(s for s in SERVICES if s != "tools")
+# every service of the stack must answer ready for /health to be 200
+REQUIRED_SERVICES = SERVICES
 
 
 def _error(error: BusError) -> JSONResponse:

@@ -176,12 +176,13 @@ class Pipeline:
         tool_names: list[str] | None = None,
         namespaces: list[str] | None = None,
         tool_schemas: dict[str, dict] | None = None,
+        turn: int = 0,
     ) -> AsyncIterator[Generation]:
         queue = self.router.open(request_id)
         generation: Generation | None = None
         try:
             generation = await self._begin(
-                request_id, encode, sampling, queue, tool_names or [], namespaces or [], tool_schemas
+                request_id, encode, sampling, queue, tool_names or [], namespaces or [], tool_schemas, turn
             )
             yield generation
         finally:
@@ -198,6 +199,7 @@ class Pipeline:
         tool_names: list[str],
         namespaces: list[str],
         tool_schemas: dict[str, dict] | None,
+        turn: int,
     ) -> Generation:
         t0 = time.perf_counter()
         open_msg = ParseOpen.model_validate({
@@ -206,6 +208,7 @@ class Pipeline:
             "tool_names": tool_names,
             "namespaces": namespaces,
             "tool_schemas": tool_schemas or {},
+            "turn": turn,
         })
         results = await asyncio.gather(
             bus.request(

@@ -19,3 +19,4 @@ class Settings(BusSettings):
     idle_timeout_s: float = 120.0  # between two parsed batches
     default_max_tokens: int | None = None  # None: the engine's limit
     max_tool_iterations: int = 16  # server-side cap on Responses tool-loop turns
+    mcp_call_timeout_s: float = 30.0  # one MCP tool call, end to end

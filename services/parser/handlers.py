@@ -46,7 +46,7 @@ class Sessions:
 
     def open(self, req: ParseOpen) -> ParseOpened:
         session = ParseSession(harmony_encoding(), req.request_id, req.tool_names, req.namespaces,
-                               req.tool_schemas)
+                               req.tool_schemas, req.turn)
         self._open[req.request_id] = _Open(session, req.events_subject)
         return ParseOpened(worker_id=self.worker_id, token_subject=self.token_subject)
 

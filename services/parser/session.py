@@ -71,9 +71,11 @@ class ParseSession:
         tool_names: list[str] | None = None,
         namespaces: list[str] | None = None,
         tool_schemas: dict[str, dict[str, Any]] | None = None,
+        turn: int = 0,
     ) -> None:
         self.enc = encoding
         self.request_id = request_id
+        self.turn = turn
         self.tool_names = list(tool_names or [])
         self.namespaces = list(namespaces or [])
         self.tool_schemas = tool_schemas or {}
@@ -295,7 +297,7 @@ class ParseSession:
         self._events.append(ItemAdded(output_index=entry.index, item=entry.item))
 
     def _id(self, prefix: str, index: int) -> str:
-        digest = hashlib.sha1(f"{self.request_id}:{prefix}:{index}".encode()).hexdigest()[:24]
+        digest = hashlib.sha1(f"{self.request_id}:{self.turn}:{prefix}:{index}".encode()).hexdigest()[:24]
         return f"{prefix}_{digest}"
 
     # -- content --------------------------------------------------------------------------

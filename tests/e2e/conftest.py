@@ -118,7 +118,8 @@ def start_sim_engine(protocol: str, incremental: bool = False, log_dir: Path | N
 
 def start_stack(name: str, nats_url: str, redis_url: str, *, engines: list[str] | None = None,
                 engine_url: str | None = None, expect_ready: bool = True,
-                extra_args: list[str] | None = None, extra: list[ManagedProcess] | None = None) -> RunningStack:
+                extra_args: list[str] | None = None, extra: list[ManagedProcess] | None = None,
+                env: dict[str, str] | None = None) -> RunningStack:
     port = free_port()
     namespace = f"e2e{uuid.uuid4().hex[:8]}"
     log_dir = Path(tempfile.mkdtemp(prefix=f"chorus-{name}-"))
@@ -132,7 +133,8 @@ def start_stack(name: str, nats_url: str, redis_url: str, *, engines: list[str] 
         sim_port = free_port()
         args += ["--sim-port", str(sim_port)]
         engine_url = f"http://127.0.0.1:{sim_port}"
-    proc = subprocess.Popen(args, stdout=open(log_dir / "up.log", "ab"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    proc = subprocess.Popen(args, stdout=open(log_dir / "up.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                            env={**os.environ, **(env or {})})
     stack = RunningStack(name, f"http://127.0.0.1:{port}", namespace, log_dir, proc, engine_url,
                          extra or [], nats_url, redis_url)
     deadline = time.monotonic() + 90
@@ -167,6 +169,9 @@ class Stacks:
             sim, url = start_sim_engine("sglang", incremental=name.endswith("incremental"))
             return start_stack(name, self.nats_url, self.redis_url, engines=[f"sglang={url}"],
                                engine_url=url, extra=[sim])
+        if name == "mcp":  # short tool timeouts, for the hanging-tool test
+            return start_stack(name, self.nats_url, self.redis_url,
+                               env={"CHORUS_MCP_CALL_TIMEOUT_S": "1.5", "CHORUS_MAX_CALL_TIMEOUT_S": "1.5"})
         if name == "engine-down":
             dead = f"http://127.0.0.1:{free_port()}"
             return start_stack(name, self.nats_url, self.redis_url, engines=[f"vllm={dead}"],

@@ -7,6 +7,7 @@ accounted over the whole response, not per turn."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -14,12 +15,19 @@ from typing import Any
 
 from contracts.messages.encode import EncodeRequest, FunctionTool, NamedToolChoice
 from contracts.messages.generate import SamplingParams
-from contracts.messages.items import ConversationItem, FunctionCallItem
+from contracts.messages.items import (
+    ConversationItem,
+    FunctionCallItem,
+    McpApprovalRequestItem,
+    McpApprovalResponseItem,
+    McpCallItem,
+)
 from contracts.messages.parse import Failed, Finished, Usage
 from services.gateway.context import GatewayContext
 from services.gateway.errors import ApiError, not_found
 from services.gateway.responses import convert
 from services.gateway.responses.events import Event, EventWriter
+from services.gateway.responses.mcp import McpTooling
 from services.gateway.responses.models import NamedFunction, ResponsesRequest
 from services.gateway.store import StoredResponse
 
@@ -69,6 +77,8 @@ class ResponseRun:
     status: str = "in_progress"
     error: dict[str, Any] | None = None
     incomplete_reason: str | None = None
+    tooling: McpTooling | None = None
+    tool_calls_run: int = 0
 
     @property
     def request(self) -> ResponsesRequest:
@@ -133,6 +143,7 @@ class ResponseRun:
             tools=[FunctionTool(name=t.name, description=t.description, parameters=t.parameters)
                    for t in req.function_tools()],
             tool_choice=choice,
+            namespaces=self.tooling.namespaces() if self.tooling else [],
             reasoning_effort=(req.reasoning.effort if req.reasoning else None) or "medium",
         )
 
@@ -165,19 +176,34 @@ class ResponseRun:
         schemas = {t.name: t.parameters or {} for t in tools}
         if self.request.tool_choice == "none":
             names, schemas = [], {}
+        prelude: list[Event] = []
+        mcp_params = self.request.mcp_tools()
+        if mcp_params:
+            # listing happens before anything is streamed: a disallowed server is a 400
+            self.tooling = McpTooling(self.ctx, self.p.response_id, mcp_params)
+            listings = await self.tooling.list_all()
+            w.mcp_labels = frozenset(self.tooling.labels)
+            w.needs_approval = self.tooling.needs_approval
+            for listing in listings:
+                prelude += w.add_item(listing)
+            prelude += await self._approved_calls()
+            w.next_turn()
         max_turns = self.ctx.settings.max_tool_iterations
         for turn in range(max_turns):
             sampling = self._sampling()
             if sampling is None:
                 self.status, self.incomplete_reason = "incomplete", "max_output_tokens"
                 break
+            namespaces = self.tooling.labels if self.tooling else []
             start = self.ctx.pipeline.start(self.p.response_id, self._encode(self.conversation_so_far()),
-                                            sampling, tool_names=names, tool_schemas=schemas)
+                                            sampling, tool_names=names, tool_schemas=schemas,
+                                            namespaces=namespaces, turn=turn)
             if turn == 0:
-                generation_cm = start
-                async with generation_cm as generation:
-                    yield [w.event("response.created", response=self.response("in_progress")),
-                           w.event("response.in_progress", response=self.response("in_progress"))]
+                async with start as generation:
+                    created = [w.event("response.created", response=self.response("in_progress")),
+                               w.event("response.in_progress", response=self.response("in_progress"))]
+                    # sequence numbers: created/in_progress come first, then the listings
+                    yield _renumber(created + prelude)
                     async for batch in self._turn(generation):
                         yield batch
             else:
@@ -187,7 +213,12 @@ class ResponseRun:
                             yield batch
                 except Exception as exc:  # noqa: BLE001 - a later turn failing fails the response
                     self._fail(getattr(getattr(exc, "error", None), "message", str(exc)))
-            if self.status != "in_progress" or not await self._tool_turn():
+            if self.status != "in_progress":
+                break
+            again, events = await self._tool_turn()
+            if events:
+                yield events
+            if not again:
                 break
             w.next_turn()
         if self.status == "in_progress":
@@ -223,10 +254,56 @@ class ResponseRun:
         self.status = "failed"
         self.error = {"code": "server_error", "message": message}
 
-    async def _tool_turn(self) -> bool:
-        """Run the tools the model just called that Chorus executes itself (MCP); True when the
-        model must generate again with their results."""
-        return False
+    async def _tool_turn(self) -> tuple[bool, list[Event]]:
+        """Run the MCP tools the model just called (concurrently); (generate again?, events).
+        Calls that need approval, or a client function call, end the response instead."""
+        w = self.writer
+        pending, w.pending_mcp = w.pending_mcp, []
+        if not pending or self.tooling is None:
+            return False, []
+        limit = self.request.max_tool_calls
+        runnable, refused = [], []
+        for index, item in pending:
+            if limit is not None and self.tool_calls_run + len(runnable) >= limit:
+                refused.append((index, item.model_copy(update={"error": "max_tool_calls reached"})))
+            else:
+                runnable.append((index, item))
+        results = await asyncio.gather(*(self.tooling.call(item) for _, item in runnable))
+        self.tool_calls_run += len(runnable)
+        events: list[Event] = []
+        for (index, _), done in zip(runnable, results, strict=True):
+            events += w.complete_mcp(index, done)
+        for index, done in refused:
+            events += w.complete_mcp(index, done)
+        this_turn = w.turn_items()
+        waiting = any(isinstance(i, McpApprovalRequestItem) for i in this_turn)
+        client_calls = any(isinstance(i, FunctionCallItem) and i.namespace == "functions" for i in this_turn)
+        return bool(runnable) and not refused and not waiting and not client_calls, events
+
+    async def _approved_calls(self) -> list[Event]:
+        """mcp_approval_response input items: run what was approved, decline the rest."""
+        assert self.tooling is not None
+        requests = {i.id: i for i in self.p.context if isinstance(i, McpApprovalRequestItem)}
+        events: list[Event] = []
+        for answer in self.p.input_items:
+            if not isinstance(answer, McpApprovalResponseItem):
+                continue
+            asked = requests.get(answer.approval_request_id)
+            if asked is None:
+                from services.gateway.errors import invalid
+
+                raise invalid(f"No mcp_approval_request with id '{answer.approval_request_id}' in this "
+                              "conversation.", "input")
+            call = McpCallItem(id=convert.new_id("mcp"), server_label=asked.server_label, name=asked.name,
+                               arguments=asked.arguments, approval_request_id=asked.id)
+            if answer.approve:
+                call = await self.tooling.call(call)
+                self.tool_calls_run += 1
+            else:
+                call = call.model_copy(update={"error": "The user declined this tool call."
+                                               + (f" ({answer.reason})" if answer.reason else "")})
+            events += self.writer.add_item(call)
+        return events
 
     def _final(self) -> list[Event]:
         # the stream protocol has no "cancelled" event: a cancelled response ends with
@@ -241,6 +318,14 @@ class ResponseRun:
 
     def function_calls(self) -> list[FunctionCallItem]:
         return [i for i in self.writer.output if isinstance(i, FunctionCallItem)]
+
+
+def _renumber(events: list[Event]) -> list[Event]:
+    """Give events built out of order consecutive sequence numbers, in list order."""
+    start = min(e["sequence_number"] for e in events)
+    for i, e in enumerate(events):
+        e["sequence_number"] = start + i
+    return events
 
 
 __all__ = ["ApiError", "Prepared", "ResponseRun", "prepare"]

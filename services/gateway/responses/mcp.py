@@ -1,0 +1,135 @@
+"""MCP tools in a Responses request: listing (through the tools service), what the model may
+see, which calls need the caller's approval, and executing calls (concurrently)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from pydantic import TypeAdapter
+
+from contracts.messages.encode import FunctionTool, ToolNamespace
+from contracts.messages.items import McpCallItem, McpListToolsItem, McpToolInfo
+from contracts.messages.tools import (
+    CallToolReply,
+    CallToolRequest,
+    ListToolsReply,
+    ListToolsRequest,
+    McpServer,
+    ToolResult,
+)
+from services.common import bus
+from services.gateway.context import GatewayContext
+from services.gateway.responses.convert import new_id
+from services.gateway.responses.models import McpAllowedToolsFilter, McpApprovalFilter, McpToolParam
+
+_LIST: TypeAdapter[ListToolsReply] = TypeAdapter(ListToolsReply)
+_CALL: TypeAdapter[CallToolReply] = TypeAdapter(CallToolReply)
+TOOL_TIMEOUT_S = 30.0
+
+
+def _in(filter_: McpAllowedToolsFilter | None, tool: McpToolInfo) -> bool:
+    if filter_ is None:
+        return False
+    if filter_.tool_names is not None and tool.name in filter_.tool_names:
+        return True
+    read_only = bool((tool.annotations or {}).get("readOnlyHint"))
+    return filter_.read_only is not None and filter_.read_only == read_only and filter_.tool_names is None
+
+
+@dataclass
+class McpServerTools:
+    param: McpToolParam
+    server: McpServer
+    tools: list[McpToolInfo] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.param.server_label
+
+    def allowed(self, tool: McpToolInfo) -> bool:
+        allowed = self.param.allowed_tools
+        if allowed is None:
+            return True
+        if isinstance(allowed, list):
+            return tool.name in allowed
+        return _in(allowed, tool) or (allowed.tool_names is None and allowed.read_only is None)
+
+    def needs_approval(self, name: str) -> bool:
+        policy = self.param.require_approval
+        if policy is None or policy == "always":
+            return True
+        if policy == "never":
+            return False
+        assert isinstance(policy, McpApprovalFilter)
+        tool = next((t for t in self.tools if t.name == name), McpToolInfo(name=name))
+        return not _in(policy.never, tool)
+
+
+def _server(param: McpToolParam) -> McpServer:
+    headers = dict(param.headers or {})
+    if param.authorization:
+        token = param.authorization
+        headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
+    return McpServer(server_label=param.server_label, server_url=param.server_url or "",
+                     headers=headers, server_description=param.server_description)
+
+
+class McpTooling:
+    def __init__(self, ctx: GatewayContext, request_id: str, params: list[McpToolParam]) -> None:
+        self.ctx = ctx
+        self.request_id = request_id
+        self.servers = {p.server_label: McpServerTools(p, _server(p)) for p in params}
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.servers)
+
+    async def list_all(self) -> list[McpListToolsItem]:
+        """List every server's tools (concurrently). A disallowed server_url is the caller's
+        mistake and raises (400); an unreachable server is an item with ``error``."""
+        async def one(s: McpServerTools) -> McpListToolsItem:
+            listed = await bus.request(
+                self.ctx.pipeline.nc, self.ctx.pipeline.subjects.tools_list,
+                ListToolsRequest(request_id=self.request_id, server=s.server), _LIST,
+                request_id=self.request_id, timeout=TOOL_TIMEOUT_S, service="tools",
+            )
+            s.tools = [t for t in listed.tools if s.allowed(t)]
+            return McpListToolsItem(id=new_id("mcpl"), server_label=s.label, tools=s.tools,
+                                    error=getattr(listed, "error", None))
+
+        return list(await asyncio.gather(*(one(s) for s in self.servers.values())))
+
+    def namespaces(self) -> list[ToolNamespace]:
+        return [
+            ToolNamespace(name=s.label, description=s.param.server_description,
+                          tools=[FunctionTool(name=t.name, description=t.description, parameters=t.input_schema)
+                                 for t in s.tools])
+            for s in self.servers.values() if s.tools
+        ]
+
+    def needs_approval(self, label: str, name: str) -> bool:
+        s = self.servers.get(label)
+        return s is not None and s.needs_approval(name)
+
+    def known(self, label: str, name: str) -> bool:
+        s = self.servers.get(label)
+        return s is not None and any(t.name == name for t in s.tools)
+
+    async def call(self, item: McpCallItem) -> McpCallItem:
+        s = self.servers.get(item.server_label)
+        if s is None or not self.known(item.server_label, item.name):
+            return item.model_copy(update={"error": f"Tool '{item.name}' is not available on server "
+                                                    f"'{item.server_label}'.", "status": "completed"})
+        timeout = self.ctx.settings.mcp_call_timeout_s
+        try:
+            result = await bus.request(
+                self.ctx.pipeline.nc, self.ctx.pipeline.subjects.tools_call,
+                CallToolRequest(request_id=self.request_id, server=s.server, name=item.name,
+                                arguments=item.arguments or "{}", timeout_s=timeout),
+                _CALL, request_id=self.request_id, timeout=timeout + 5, service="tools",
+            )
+        except bus.BusFailure as exc:
+            return item.model_copy(update={"error": exc.error.message, "status": "completed"})
+        assert isinstance(result, ToolResult)
+        return item.model_copy(update={"output": result.output, "error": result.error, "status": "completed"})

@@ -1,0 +1,153 @@
+"""The Responses tool loop with MCP, end to end: real MCP servers (mcp SDK, streamable HTTP) in
+the test process, the whole stack from `chorus up`, the official openai client."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from tests.e2e.conftest import MODEL, RunningStack, Stacks
+from tests.mcp_servers import serve_mcp, silent_port
+
+
+@pytest.fixture(scope="module")
+def mcp_stack(stacks: Stacks) -> RunningStack:
+    return stacks.get("mcp")
+
+
+def _mcp(url: str, **kw) -> dict:  # type: ignore[no-untyped-def]
+    return {"type": "mcp", "server_label": "t", "server_url": url, "require_approval": "never", **kw}
+
+
+def _types(resp) -> list[str]:  # type: ignore[no-untyped-def]
+    return [i.type for i in resp.output]
+
+
+async def test_list_call_and_answer(mcp_stack: RunningStack) -> None:
+    client = mcp_stack.async_client()
+    async with serve_mcp() as server:
+        resp = await client.responses.create(model=MODEL, input="Please add two numbers with add",
+                                             tools=[_mcp(server.url)])
+    assert resp.status == "completed"
+    assert _types(resp)[0] == "mcp_list_tools" and _types(resp)[-1] == "message"
+    listing = resp.output[0]
+    assert listing.server_label == "t" and {"add", "echo", "get_weather"} <= {t.name for t in listing.tools}
+    (call,) = [i for i in resp.output if i.type == "mcp_call"]
+    assert call.name == "add" and call.server_label == "t" and call.output == "2" and call.error is None
+    assert "2" in resp.output_text
+    # usage sums both model turns
+    turns = [r for r in mcp_stack.engine_requests() if r["request_id"] == resp.id]
+    assert len(turns) == 2
+    assert resp.usage.input_tokens == sum(r["prompt_tokens"] for r in turns)
+
+
+async def test_allowed_tools_hide_the_rest(mcp_stack: RunningStack) -> None:
+    client = mcp_stack.async_client()
+    async with serve_mcp() as server:
+        resp = await client.responses.create(model=MODEL, input="Please echo hello",
+                                             tools=[_mcp(server.url, allowed_tools=["echo"])])
+    assert [t.name for t in resp.output[0].tools] == ["echo"]
+    prompt = mcp_stack.engine_prompt(resp.id)
+    assert "echo" in prompt and "secret_tool" not in prompt and "type add" not in prompt
+
+
+async def test_approval_round_trip(mcp_stack: RunningStack) -> None:
+    client = mcp_stack.async_client()
+    async with serve_mcp() as server:
+        tools = [_mcp(server.url, require_approval="always")]
+        first = await client.responses.create(model=MODEL, input="Weather via get_weather in Paris", tools=tools)
+        assert first.status == "completed"
+        (ask,) = [i for i in first.output if i.type == "mcp_approval_request"]
+        assert ask.name == "get_weather" and not [i for i in first.output if i.type == "mcp_call"]
+        approved = await client.responses.create(
+            model=MODEL, previous_response_id=first.id, tools=tools,
+            input=[{"type": "mcp_approval_response", "approval_request_id": ask.id, "approve": True}])
+        (call,) = [i for i in approved.output if i.type == "mcp_call"]
+        assert call.approval_request_id == ask.id and "Sunny" in call.output
+        assert "Sunny" in approved.output_text
+        declined = await client.responses.create(
+            model=MODEL, previous_response_id=first.id, tools=tools,
+            input=[{"type": "mcp_approval_response", "approval_request_id": ask.id, "approve": False}])
+        (call,) = [i for i in declined.output if i.type == "mcp_call"]
+        assert call.error and "declined" in call.error and call.output is None
+        assert declined.status == "completed"
+
+
+async def test_parallel_calls_run_concurrently(mcp_stack: RunningStack) -> None:
+    """`meet` returns only when two calls wait at once (a barrier): both must run together."""
+    client = mcp_stack.async_client()
+    call = "<|start|>assistant<|channel|>commentary to=t.meet <|constrain|>json<|message|>{}"
+    raw = f"{call}<|end|>{call}<|call|>"
+    async with serve_mcp() as server:
+        resp = await client.responses.create(model=MODEL, input=f"[[sim:raw={raw}]]", tools=[_mcp(server.url)])
+    calls = [i for i in resp.output if i.type == "mcp_call"]
+    assert [c.output for c in calls] == ["met", "met"]
+    assert resp.status == "completed"
+
+
+async def test_failures_are_results(mcp_stack: RunningStack) -> None:
+    client = mcp_stack.async_client()
+    async with serve_mcp() as server:
+        boom = await client.responses.create(model=MODEL, input="call boom now", tools=[_mcp(server.url)])
+        hang = await client.responses.create(model=MODEL, input="call hang now", tools=[_mcp(server.url)])
+    (call,) = [i for i in boom.output if i.type == "mcp_call"]
+    assert call.error and "kaboom" in call.error and boom.status == "completed"
+    assert "kaboom" in boom.output_text  # the model was told
+    (call,) = [i for i in hang.output if i.type == "mcp_call"]
+    assert call.error and "time" in call.error.lower() and hang.status == "completed"
+    with silent_port() as port:
+        down = await client.responses.create(model=MODEL, input="hi there",
+                                             tools=[_mcp(f"http://127.0.0.1:{port}/mcp")])
+    assert down.status == "completed"
+    assert down.output[0].type == "mcp_list_tools" and down.output[0].error
+
+
+async def test_streaming_events_tell_the_truth(mcp_stack: RunningStack) -> None:
+    client = mcp_stack.async_client()
+    async with serve_mcp() as server:
+        events = [e async for e in await client.responses.create(
+            model=MODEL, input="Please add two numbers with add", tools=[_mcp(server.url)], stream=True)]
+        async with client.responses.stream(model=MODEL, input="Please add with add",
+                                           tools=[_mcp(server.url)]) as stream:
+            async for _ in stream:
+                pass
+            final = await stream.get_final_response()
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    kinds = [e.type for e in events]
+    order = ["response.created", "response.mcp_list_tools.in_progress", "response.mcp_list_tools.completed",
+             "response.mcp_call.in_progress", "response.mcp_call_arguments.delta",
+             "response.mcp_call_arguments.done", "response.mcp_call.completed", "response.completed"]
+    positions = [kinds.index(k) for k in order]
+    assert positions == sorted(positions)
+    call_index = next(e.output_index for e in events if e.type == "response.mcp_call.completed")
+    done = next(e for e in events if e.type == "response.output_item.done" and e.output_index == call_index)
+    assert kinds.index("response.mcp_call.completed") < events.index(done)
+    assert done.item.output == "2"
+    assert [i.type for i in final.output].count("mcp_call") == 1
+
+
+async def test_budget_spans_the_loop(mcp_stack: RunningStack) -> None:
+    client = mcp_stack.async_client()
+    async with serve_mcp() as server:
+        resp = await client.responses.create(model=MODEL, input="Please add two numbers with add",
+                                             tools=[_mcp(server.url)], max_output_tokens=40)
+    assert resp.usage.output_tokens <= 40
+    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+
+
+async def test_disallowed_server_is_rejected(mcp_stack: RunningStack) -> None:
+    client = mcp_stack.async_client()
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.responses.create(model=MODEL, input="hi", tools=[_mcp("http://example.com/mcp")])
+    assert err.value.response.json()["error"]["param"].startswith("tools")
+
+
+async def test_chat_keeps_plain_function_calling(mcp_stack: RunningStack) -> None:
+    client = mcp_stack.async_client()
+    resp = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo"}],
+                                                tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {
+                                                    "type": "object", "properties": {"city": {"type": "string"}}}}}])
+    assert resp.choices[0].finish_reason == "tool_calls"
+    assert json.loads(resp.choices[0].message.tool_calls[0].function.arguments)["city"] == "Oslo"
