@@ -149,7 +149,8 @@ async def main(args: argparse.Namespace) -> None:
     sim_port, port = free_port(), free_port()
     engine = f"http://127.0.0.1:{sim_port}"
     env = {**os.environ, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(sim_port),
-           "CHORUS_SIM_PROTOCOL": "vllm", "CHORUS_SIM_TOKEN_DELAY_MS": "0"}
+           "CHORUS_SIM_PROTOCOL": "vllm", "CHORUS_SIM_TOKEN_DELAY_MS": "0",
+           "CHORUS_SIM_TOKENS_PER_CHUNK": str(args.tokens_per_chunk)}
     sim = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "sim-engine"], env=env,
                            stdout=open(log_dir / "sim.log", "wb"), stderr=subprocess.STDOUT)
     up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(port),
@@ -178,8 +179,9 @@ async def main(args: argparse.Namespace) -> None:
             for _ in range(20):  # warm-up
                 await direct_once(http, engine, ids)
                 await chorus_once(http, base, text, render)
-            print(f"Chorus benchmark on {os.cpu_count()} cores; simulated engine at zero delay; "
-                  f"{args.tokens}-token answers; logs in {log_dir}")
+            print(f"Chorus benchmark on {os.cpu_count()} cores; simulated engine at zero delay, "
+                  f"{args.tokens_per_chunk} token(s) per streamed chunk; {args.tokens}-token answers; "
+                  f"logs in {log_dir}")
             summary = {}
             for conc in (1, 32):
                 print(f"concurrency {conc}:")
@@ -225,4 +227,7 @@ if __name__ == "__main__":
     ap.add_argument("--throughput-tokens", type=int, default=2000)
     ap.add_argument("--throughput-requests", type=int, default=128)
     ap.add_argument("--parser-workers", type=int, default=2)
+    ap.add_argument("--tokens-per-chunk", type=int, default=1,
+                    help="tokens the simulated engine sends per stream chunk (real engines send "
+                         "one per decode step per request, or more with a stream interval)")
     asyncio.run(main(ap.parse_args()))

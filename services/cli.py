@@ -46,8 +46,14 @@ def serve(name: str) -> None:
     from services.common.runtime import setup_logging
 
     setup_logging(getattr(settings, "log_level", "INFO"))
+    try:
+        import uvloop  # a faster event loop: every hop on the bus is a loop wake-up
+
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency, but stay runnable without it
+        runner = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(settings))
+        runner(run(settings))
 
 
 async def ping(service: str, timeout: float) -> int:
