@@ -81,6 +81,13 @@ async def ping(service: str, timeout: float) -> int:
     return 0 if pong.ready else 1
 
 
+def _parse_builtin(spec: str) -> str:
+    name, sep, url = spec.partition("=")
+    if not sep or name not in ("browser", "python") or not url.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"--builtin-tool wants browser=URL or python=URL, got {spec!r}")
+    return spec
+
+
 def _parse_engine(spec: str) -> str:
     kind, sep, url = spec.partition("=")
     if not sep or kind.split("+")[0] not in ENGINE_KINDS or not url.startswith(("http://", "https://")):
@@ -196,6 +203,7 @@ def up(args: argparse.Namespace) -> int:
             print(f"chorus: no --engine given: using the built-in SIMULATED engine at "
                   f"http://127.0.0.1:{sim_port} (scripted output, not a model)", flush=True)
         env["CHORUS_ENGINES"] = json.dumps(engines)
+        env["CHORUS_BUILTIN_TOOLS"] = json.dumps(dict(b.split("=", 1) for b in args.builtin_tool or []))
         env["CHORUS_MODELS"] = json.dumps(args.model or ["openai/gpt-oss-20b"])
         stack.spawn("encoder", "encoder", env, log_dir)
         stack.spawn("dispatcher", "dispatcher", env, log_dir)
@@ -237,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--model", action="append", help="served model name (repeatable)")
     p_up.add_argument("--engine", action="append", type=_parse_engine,
                       help="engine worker KIND=URL, KIND: vllm | sglang | sim | openai | openai-chat (repeatable)")
+    p_up.add_argument("--builtin-tool", action="append", type=_parse_builtin,
+                      help="route a gpt-oss built-in tool to an MCP server: browser=URL or python=URL")
     p_up.add_argument("--namespace", default=os.environ.get("CHORUS_NAMESPACE", "chorus"))
     p_up.add_argument("--parser-workers", type=int, default=2)
     p_up.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))

@@ -20,3 +20,5 @@ class Settings(BusSettings):
     default_max_tokens: int | None = None  # None: the engine's limit
     max_tool_iterations: int = 16  # server-side cap on Responses tool-loop turns
     mcp_call_timeout_s: float = 30.0  # one MCP tool call, end to end
+    # gpt-oss built-in tools routed to MCP servers (the tools service holds the URLs)
+    builtin_tools: dict[str, str] = Field(default_factory=dict)

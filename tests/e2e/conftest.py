@@ -156,6 +156,7 @@ class Stacks:
     def __init__(self, nats_url: str, redis_url: str) -> None:
         self.nats_url, self.redis_url = nats_url, redis_url
         self._stacks: dict[str, RunningStack] = {}
+        self.builtin_port = 0
 
     def get(self, name: str) -> RunningStack:
         if name not in self._stacks:
@@ -172,6 +173,11 @@ class Stacks:
         if name == "mcp":  # short tool timeouts, for the hanging-tool test
             return start_stack(name, self.nats_url, self.redis_url,
                                env={"CHORUS_MCP_CALL_TIMEOUT_S": "1.5", "CHORUS_MAX_CALL_TIMEOUT_S": "1.5"})
+        if name == "builtin":  # a browser built-in routed to an MCP server the test serves
+            port = free_port()
+            self.builtin_port = port
+            return start_stack(name, self.nats_url, self.redis_url,
+                               extra_args=["--builtin-tool", f"browser=http://127.0.0.1:{port}/mcp"])
         if name == "engine-down":
             dead = f"http://127.0.0.1:{free_port()}"
             return start_stack(name, self.nats_url, self.redis_url, engines=[f"vllm={dead}"],

@@ -151,3 +151,37 @@ async def test_chat_keeps_plain_function_calling(mcp_stack: RunningStack) -> Non
                                                     "type": "object", "properties": {"city": {"type": "string"}}}}}])
     assert resp.choices[0].finish_reason == "tool_calls"
     assert json.loads(resp.choices[0].message.tool_calls[0].function.arguments)["city"] == "Oslo"
+
+
+async def test_builtin_browser_routed_to_mcp(stacks: Stacks) -> None:
+    """`--builtin-tool browser=URL`: a web_search tool request declares Harmony's browser, and
+    the model's browser.search call runs on that MCP server; the item is a web_search_call."""
+    from mcp.server.mcpserver import MCPServer
+
+    stack = stacks.get("builtin")
+    browser = MCPServer("browser", log_level="WARNING")
+
+    @browser.tool()
+    def search(query: str, topn: int = 10) -> str:
+        """Search the web."""
+        return f"3 results for {query}"
+
+    raw = '<|channel|>analysis to=browser.search <|constrain|>json<|message|>{"query": "chorus nats"}<|call|>'
+    client = stack.async_client()
+    async with serve_mcp(browser, port=stacks.builtin_port):
+        events = [e async for e in await client.responses.create(
+            model=MODEL, input=f"[[sim:raw={raw}]]", tools=[{"type": "web_search_preview"}], stream=True)]
+    final = events[-1].response
+    assert final.status == "completed"
+    (search_call,) = [i for i in final.output if i.type == "web_search_call"]
+    assert search_call.action.query == "chorus nats" and search_call.status == "completed"
+    assert "3 results for chorus nats" in final.output_text
+    kinds = [e.type for e in events]
+    assert kinds.index("response.web_search_call.searching") < kinds.index("response.web_search_call.completed")
+    assert "namespace browser {" in stack.engine_prompt(final.id)
+    with pytest.raises(openai.BadRequestError):  # not configured on this stack
+        await mcp_stack_client(stacks).responses.create(model=MODEL, input="x", tools=[{"type": "code_interpreter"}])
+
+
+def mcp_stack_client(stacks: Stacks) -> openai.AsyncOpenAI:
+    return stacks.get("builtin").async_client()

@@ -31,6 +31,9 @@ class EventWriter:
     mcp_labels: frozenset[str] = frozenset()
     needs_approval: Callable[[str, str], bool] = lambda label, name: False
     pending_mcp: list[tuple[int, McpCallItem]] = field(default_factory=list)  # called, not yet run
+    # gpt-oss built-in calls (browser.*, python) as the model wrote them, by output_index
+    builtin_calls: list[tuple[int, FunctionCallItem]] = field(default_factory=list)
+    pending_search: dict[int, FunctionCallItem] = field(default_factory=dict)  # web_search_call not yet run
     _finished: dict[int, ConversationItem] = field(default_factory=dict)  # output_index -> done item
     _open: dict[int, ConversationItem] = field(default_factory=dict)  # output_index -> started item
     _texts: dict[int, list[str]] = field(default_factory=dict)
@@ -79,7 +82,10 @@ class EventWriter:
         if isinstance(event, ItemDelta):
             return self._delta(event.output_index, event.delta)
         if isinstance(event, ItemDone):
-            return self._done(event.output_index, self._shown(event.item))
+            raw = event.item
+            if isinstance(raw, FunctionCallItem) and raw.namespace in ("browser", "python", "container"):
+                self.builtin_calls.append((self.offset + event.output_index, raw))
+            return self._done(event.output_index, self._shown(raw))
         return []
 
     def _added(self, local: int, item: ConversationItem) -> list[Event]:
@@ -91,6 +97,8 @@ class EventWriter:
                           item=output_json(item, streaming_start=True))]
         if isinstance(item, McpCallItem):
             out.append(self.event("response.mcp_call.in_progress", item_id=item.id, output_index=index))
+        elif isinstance(item, FunctionCallItem) and item.namespace == "browser":
+            out.append(self.event("response.web_search_call.in_progress", item_id=item.id, output_index=index))
         elif isinstance(item, McpListToolsItem):
             out.append(self.event("response.mcp_list_tools.in_progress", item_id=item.id, output_index=index))
         elif isinstance(item, ReasoningItem):
@@ -144,6 +152,11 @@ class EventWriter:
         elif isinstance(item, FunctionCallItem) and item.namespace != "browser":
             out.append(self.event("response.function_call_arguments.done", item_id=item.id,
                                   output_index=index, arguments=item.arguments, name=output_json(item)["name"]))
+        elif isinstance(item, FunctionCallItem) and item.namespace == "browser" and item.status != "incomplete":
+            # the search runs next (when a browser is configured); it is done after that
+            out.append(self.event("response.web_search_call.searching", item_id=item.id, output_index=index))
+            self.pending_search[index] = item
+            return out
         elif isinstance(item, McpCallItem) and item.output is None and item.error is None:
             # the model has called it; it runs next, and its output_item.done comes after that
             out.append(self.event("response.mcp_call_arguments.done", item_id=item.id, output_index=index,
@@ -159,6 +172,24 @@ class EventWriter:
         out.append(self.event("response.output_item.done", output_index=index, item=output_json(item)))
         self._finished[index] = item
         return out
+
+    def complete_search(self, index: int, ok: bool) -> list[Event]:
+        """A web search call has run (or never will): completed, then its output_item.done."""
+        item = self.pending_search.pop(index, None)
+        if item is None:
+            return []
+        done = output_json(item)
+        out = []
+        if ok:
+            out.append(self.event("response.web_search_call.completed", item_id=item.id, output_index=index))
+        else:
+            done["status"] = "failed"
+        out.append(self.event("response.output_item.done", output_index=index, item=done))
+        self._finished[index] = item
+        return out
+
+    def indexed_output(self) -> list[tuple[int, ConversationItem]]:
+        return sorted(self._finished.items())
 
     def complete_mcp(self, index: int, item: McpCallItem) -> list[Event]:
         """A called MCP tool has run: its completion, then the item with its output."""

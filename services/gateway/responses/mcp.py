@@ -4,12 +4,19 @@ see, which calls need the caller's approval, and executing calls (concurrently).
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
 
 from contracts.messages.encode import FunctionTool, ToolNamespace
-from contracts.messages.items import McpCallItem, McpListToolsItem, McpToolInfo
+from contracts.messages.items import (
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    McpCallItem,
+    McpListToolsItem,
+    McpToolInfo,
+)
 from contracts.messages.tools import (
     CallToolReply,
     CallToolRequest,
@@ -133,3 +140,25 @@ class McpTooling:
             return item.model_copy(update={"error": exc.error.message, "status": "completed"})
         assert isinstance(result, ToolResult)
         return item.model_copy(update={"output": result.output, "error": result.error, "status": "completed"})
+
+
+async def run_builtin(ctx: GatewayContext, request_id: str, call: FunctionCallItem) -> FunctionCallOutputItem:
+    """A gpt-oss built-in call (``browser.search``/``open``/``find``, ``python``) on the MCP
+    server configured for it. The python tool receives the model's code as ``{"code": ...}``."""
+    if call.namespace == "python":
+        name, arguments = "python", json.dumps({"code": call.arguments})
+    else:
+        name, arguments = call.name, call.arguments or "{}"
+    timeout = ctx.settings.mcp_call_timeout_s
+    try:
+        result = await bus.request(
+            ctx.pipeline.nc, ctx.pipeline.subjects.tools_call,
+            CallToolRequest(request_id=request_id, server=McpServer.builtin(call.namespace), name=name,
+                            arguments=arguments, timeout_s=timeout),
+            _CALL, request_id=request_id, timeout=timeout + 5, service="tools",
+        )
+        assert isinstance(result, ToolResult)
+        text = result.output if result.error is None else f"Error: {result.error}"
+    except bus.BusFailure as exc:
+        text = f"Error: {exc.error.message}"
+    return FunctionCallOutputItem(call_id=call.call_id, output=text or "", id=new_id("fco"))

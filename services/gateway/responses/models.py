@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from services.gateway.errors import invalid
 
+BUILTIN_TYPES = {"web_search": "browser", "web_search_preview": "browser", "code_interpreter": "python"}
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -137,16 +139,28 @@ class ResponsesRequest(_Strict):
     def mcp_tools(self) -> list[McpToolParam]:
         return [t for t in self.parsed_tools() if isinstance(t, McpToolParam)]
 
+    def builtin_tools(self) -> list[str]:
+        """gpt-oss built-ins asked for: web search -> browser, code interpreter -> python."""
+        wanted = []
+        for raw in self.tools or []:
+            kind = raw.get("type")
+            if kind in BUILTIN_TYPES and BUILTIN_TYPES[kind] not in wanted:
+                wanted.append(BUILTIN_TYPES[kind])
+        return wanted
+
     def parsed_tools(self) -> list[FunctionToolParam | McpToolParam]:
         out: list[FunctionToolParam | McpToolParam] = []
         for i, raw in enumerate(self.tools or []):
             kind = raw.get("type")
+            if kind in BUILTIN_TYPES:
+                continue
             if kind == "function":
                 out.append(_validate(FunctionToolParam, raw, f"tools[{i}]"))
             elif kind == "mcp":
                 out.append(_validate(McpToolParam, raw, f"tools[{i}]"))
             else:
-                raise invalid(f"Tool type '{kind}' is not supported by Chorus (function and mcp are).",
+                raise invalid(f"Tool type '{kind}' is not supported by Chorus (function, mcp, "
+                              "web_search and code_interpreter are).",
                               f"tools[{i}].type")
         return out
 

@@ -79,6 +79,8 @@ class ResponseRun:
     incomplete_reason: str | None = None
     tooling: McpTooling | None = None
     tool_calls_run: int = 0
+    # built-in tool calls the model made, as it made them, with their results (by output_index)
+    tool_history: dict[int, list[ConversationItem]] = field(default_factory=dict)
 
     @property
     def request(self) -> ResponsesRequest:
@@ -144,6 +146,7 @@ class ResponseRun:
                    for t in req.function_tools()],
             tool_choice=choice,
             namespaces=self.tooling.namespaces() if self.tooling else [],
+            builtin_tools=self.request.builtin_tools(),  # type: ignore[arg-type]
             reasoning_effort=(req.reasoning.effort if req.reasoning else None) or "medium",
         )
 
@@ -165,7 +168,10 @@ class ResponseRun:
                            reasoning_tokens=a.reasoning_tokens + u.reasoning_tokens, cached_tokens=cached)
 
     def conversation_so_far(self) -> list[ConversationItem]:
-        return [*self.p.context, *self.p.input_items, *self.writer.output]
+        out: list[ConversationItem] = [*self.p.context, *self.p.input_items]
+        for index, item in self.writer.indexed_output():
+            out.extend(self.tool_history.get(index, [item]))
+        return out
 
     async def events(self) -> AsyncIterator[list[Event]]:
         """The whole response as event batches. Failures before the first token raise (so the
@@ -177,6 +183,13 @@ class ResponseRun:
         if self.request.tool_choice == "none":
             names, schemas = [], {}
         prelude: list[Event] = []
+        missing = [b for b in self.request.builtin_tools() if b not in self.ctx.settings.builtin_tools]
+        if missing:
+            from services.gateway.errors import invalid
+
+            kind = "web_search" if missing[0] == "browser" else "code_interpreter"
+            raise invalid(f"The {kind} tool is not configured on this server (start Chorus with "
+                          f"--builtin-tool {missing[0]}=URL of an MCP server).", "tools")
         mcp_params = self.request.mcp_tools()
         if mcp_params:
             # listing happens before anything is streamed: a disallowed server is a 400
@@ -221,6 +234,11 @@ class ResponseRun:
             if not again:
                 break
             w.next_turn()
+        leftovers: list[Event] = []
+        for index in list(w.pending_search):
+            leftovers += w.complete_search(index, ok=False)
+        if leftovers:
+            yield leftovers
         if self.status == "in_progress":
             self.status = "completed"
         yield self._final()
@@ -258,9 +276,10 @@ class ResponseRun:
         """Run the MCP tools the model just called (concurrently); (generate again?, events).
         Calls that need approval, or a client function call, end the response instead."""
         w = self.writer
+        builtin_events, ran_builtin = await self._run_builtins()
         pending, w.pending_mcp = w.pending_mcp, []
         if not pending or self.tooling is None:
-            return False, []
+            return ran_builtin, builtin_events
         limit = self.request.max_tool_calls
         runnable, refused = [], []
         for index, item in pending:
@@ -275,10 +294,30 @@ class ResponseRun:
             events += w.complete_mcp(index, done)
         for index, done in refused:
             events += w.complete_mcp(index, done)
+        events = builtin_events + events
         this_turn = w.turn_items()
         waiting = any(isinstance(i, McpApprovalRequestItem) for i in this_turn)
         client_calls = any(isinstance(i, FunctionCallItem) and i.namespace == "functions" for i in this_turn)
         return bool(runnable) and not refused and not waiting and not client_calls, events
+
+    async def _run_builtins(self) -> tuple[list[Event], bool]:
+        """Run this turn's browser/python calls on the configured MCP servers; their results go
+        back to the model as Harmony tool messages."""
+        w = self.writer
+        calls, w.builtin_calls = w.builtin_calls, []
+        configured = self.ctx.settings.builtin_tools
+        runnable = [(i, c) for i, c in calls if c.namespace in configured and c.status != "incomplete"]
+        if not runnable:
+            return [], False
+        from services.gateway.responses.mcp import run_builtin
+
+        results = await asyncio.gather(*(run_builtin(self.ctx, self.p.response_id, c) for _, c in runnable))
+        events: list[Event] = []
+        for (index, call), output in zip(runnable, results, strict=True):
+            self.tool_history[index] = [call, output]
+            events += w.complete_search(index, ok=True)
+        self.tool_calls_run += len(runnable)
+        return events, True
 
     async def _approved_calls(self) -> list[Event]:
         """mcp_approval_response input items: run what was approved, decline the rest."""
