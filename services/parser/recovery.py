@@ -60,16 +60,27 @@ def parse_header(role_text: str, channel_text: str | None, constrain_text: str |
             header.content_type = words[0]
             header.junk += words[1:]
     # text before the channel that is neither a role nor a recipient (e.g. a refusal written
-    # with no header at all) is the message body
-    role_rest = _RECIPIENT.sub(" ", role_text).strip()
-    if role_rest:
-        first, _, remainder = role_rest.partition(" ")
+    # with no header at all) is the message body; leading whitespace is kept (it may follow a
+    # message the model already closed)
+    role_rest = _RECIPIENT.sub(" ", role_text).rstrip()
+    stripped = role_rest.strip()
+    if stripped:
+        first, _, remainder = stripped.partition(" ")
+        bare = re.sub(r"[^a-z]", "", first.lower())
         if first in ("assistant", "user", "system", "developer") or re.fullmatch(r"[a-z_]+\.[\w.\-]+", first):
             if remainder.strip():
                 header.junk.append(remainder.strip())
+        elif bare in CHANNELS and not remainder.strip():
+            header.junk.append(first)  # a channel name left over from a repeated <|channel|>
+            if header.channel is None and channel_text is None:
+                header.channel = bare
         else:
             header.body = role_rest
     return header
+
+
+def strip_recipient(text: str) -> str:
+    return _RECIPIENT.sub(" ", text)
 
 
 def _norm(name: str) -> str:

@@ -41,6 +41,7 @@ from services.parser.recovery import (
     recover_tool_call,
     repair_json,
     strip_control_text,
+    strip_recipient,
 )
 
 log = logging.getLogger("chorus.parser")
@@ -91,6 +92,8 @@ class ParseSession:
         self._next_index = 0
         self._calls = 0
         self._events: list[ParseEvent] = []
+        self._delta_index = -1  # text for one item is gathered and sent as one ItemDelta per batch
+        self._delta_parts: list[str] = []
         self._finished = False
         self._channel_prefix = [CHANNEL, *encoding.encode("final", allowed_special="all"), MESSAGE]
 
@@ -135,18 +138,34 @@ class ParseSession:
         if self.recoveries:
             log.warning("request %s: repaired model output: %s", self.request_id, dict(self.recoveries))
         if error is not None or finish_reason == "error":
-            self._events.append(Failed(error=error or BusError(code="engine_error", message="the engine failed"), usage=u))
+            self._push(Failed(error=error or BusError(code="engine_error", message="the engine failed"), usage=u))
         else:
             reason = finish_reason or "stop"
             if reason == "stop" and self._calls:
                 reason = "tool_calls"
-            self._events.append(Finished(finish_reason=reason, usage=u, recoveries=sorted(self.recoveries)))
+            self._push(Finished(finish_reason=reason, usage=u, recoveries=sorted(self.recoveries)))
         return self._take()
 
     # -- framing --------------------------------------------------------------------------
     def _take(self) -> list[ParseEvent]:
+        self._flush_delta()
         events, self._events = self._events, []
         return events
+
+    def _flush_delta(self) -> None:
+        if self._delta_parts:
+            self._events.append(ItemDelta(output_index=self._delta_index, delta="".join(self._delta_parts)))
+            self._delta_parts = []
+
+    def _push(self, event: ParseEvent) -> None:
+        self._flush_delta()
+        self._events.append(event)
+
+    def _delta(self, index: int, text: str) -> None:
+        if index != self._delta_index:
+            self._flush_delta()
+            self._delta_index = index
+        self._delta_parts.append(text)
 
     def _new_header(self) -> None:
         self._state = _HEADER
@@ -174,6 +193,9 @@ class ParseSession:
             elif state == _BETWEEN:
                 self.recoveries["missing_start"] += 1
                 self._new_header()
+            elif "channel" in self._sections:  # a second <|channel|>: keep what the first held
+                self.recoveries["repeated_channel"] += 1
+                self._sections["role"] += self._sections["channel"]
             self._sections["channel"] = []
             self._section = "channel"
         elif t == CONSTRAIN:
@@ -225,14 +247,13 @@ class ParseSession:
         body = header.body
         channel_tokens = self._sections.get("channel")
         if channel_tokens:
-            channel_text = self.enc.decode(channel_tokens).strip()
+            channel_text = strip_recipient(self.enc.decode(channel_tokens)).strip()
             rest = channel_text.split(None, 1)
             # after a known channel name the rest is the body; with no known name, all of it is
             tail = (rest[1] if len(rest) > 1 else "") if header.channel else channel_text
             body = (body + " " if body else "") + tail
-        body = body.strip()
         self._state = _BETWEEN
-        if not body:
+        if not body.strip():
             return
         self.recoveries[kind] += 1
         channel = header.channel if header.channel in ("analysis", "final") else "final"
@@ -240,7 +261,9 @@ class ParseSession:
 
     def _complete_item(self, channel: str, text: str, incomplete: bool) -> None:
         item = self._start_item(Header(channel=channel))
-        item.hold = item.hold and not incomplete
+        if incomplete and item.hold:  # cut off: no tool-call recovery, stream it as text
+            item.hold = False
+            self._announce(item)
         self._text(item, text)
         self._item = item
         self._end_message(incomplete=incomplete)
@@ -294,7 +317,7 @@ class ParseSession:
 
     def _announce(self, entry: _Item) -> None:
         entry.announced = True
-        self._events.append(ItemAdded(output_index=entry.index, item=entry.item))
+        self._push(ItemAdded(output_index=entry.index, item=entry.item))
 
     def _id(self, prefix: str, index: int) -> str:
         digest = hashlib.sha1(f"{self.request_id}:{self.turn}:{prefix}:{index}".encode()).hexdigest()[:24]
@@ -332,10 +355,10 @@ class ParseSession:
                 return  # keep holding until the message ends
             entry.hold = False
             self._announce(entry)
-            self._events.append(ItemDelta(output_index=entry.index, delta="".join(entry.text)))
+            self._delta(entry.index, "".join(entry.text))
             return
         if not entry.hold:
-            self._events.append(ItemDelta(output_index=entry.index, delta=text))
+            self._delta(entry.index, text)
 
     def _end_message(self, terminator: int | None = None, incomplete: bool = False) -> None:
         entry = self._item
@@ -349,7 +372,7 @@ class ParseSession:
             if rest:
                 entry.text.append(rest)
                 if entry.announced:
-                    self._events.append(ItemDelta(output_index=entry.index, delta=rest))
+                    self._delta(entry.index, rest)
         text = "".join(entry.text)
         status = "incomplete" if incomplete else "completed"
         item = entry.item
@@ -360,14 +383,15 @@ class ParseSession:
                 self._calls += 1
                 item = FunctionCallItem(id=self._id("fc", entry.index), call_id=self._id("call", entry.index),
                                         name=call.name, arguments=call.arguments, status=status)
-                self._events.append(ItemAdded(output_index=entry.index, item=item.model_copy(update={"arguments": "", "status": "in_progress"})))
-                self._events.append(ItemDelta(output_index=entry.index, delta=call.arguments))
-                self._events.append(ItemDone(output_index=entry.index, item=item))
+                self._push(ItemAdded(output_index=entry.index,
+                                     item=item.model_copy(update={"arguments": "", "status": "in_progress"})))
+                self._delta(entry.index, call.arguments)
+                self._push(ItemDone(output_index=entry.index, item=item))
                 return
             if not text:
                 return
             self._announce(entry)
-            self._events.append(ItemDelta(output_index=entry.index, delta=text))
+            self._delta(entry.index, text)
         if isinstance(item, ReasoningItem):
             done: OutputItem = item.model_copy(update={"text": text, "status": status})
         elif isinstance(item, FunctionCallItem):
@@ -382,4 +406,4 @@ class ParseSession:
             done = item.model_copy(update={"arguments": arguments, "status": status})
         else:
             done = item.model_copy(update={"content": text, "status": status})
-        self._events.append(ItemDone(output_index=entry.index, item=done))
+        self._push(ItemDone(output_index=entry.index, item=done))
