@@ -10,7 +10,7 @@ from pydantic_settings import NoDecode
 
 from services.common.settings import BusSettings
 
-ENGINE_KINDS = ("vllm", "sglang", "sim")
+ENGINE_KINDS = ("vllm", "sglang", "sim", "openai", "openai-chat")
 StreamMode = Literal["auto", "cumulative", "incremental"]
 
 

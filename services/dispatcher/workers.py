@@ -90,7 +90,9 @@ class RoundRobin:
 async def probe(client: httpx.AsyncClient, worker: Worker, timeout: float) -> None:
     """One ``GET /health``: up on 200, down otherwise."""
     try:
-        resp = await client.get(f"{worker.url}/health", timeout=timeout)
+        # OpenAI-compatible upstreams (hosted providers, llama.cpp) need not have /health
+        path = "/v1/models" if worker.kind in ("openai", "openai-chat") else "/health"
+        resp = await client.get(f"{worker.url}{path}", timeout=timeout)
     except httpx.HTTPError as exc:
         worker.mark_down(f"health check failed: {type(exc).__name__}")
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from services.dispatcher.engines.base import EngineAdapter
+from services.dispatcher.engines.openai_text import OpenAITextAdapter
 from services.dispatcher.engines.sglang import Mode, SglangAdapter
 from services.dispatcher.engines.vllm import VllmAdapter
 
@@ -11,6 +12,8 @@ def make_adapter(kind: str, *, sglang_mode: Mode = "auto", sglang_default_max_to
     """The adapter for a worker KIND (``vllm``, ``sglang`` or ``sim``)."""
     if kind in ("vllm", "sim"):
         return VllmAdapter()
+    if kind in ("openai", "openai-chat"):
+        return OpenAITextAdapter(chat=kind == "openai-chat")
     if kind == "sglang":
         return SglangAdapter(sglang_mode, sglang_default_max_tokens)
     raise ValueError(f"unknown engine kind {kind!r}")
