@@ -252,6 +252,10 @@ class ParseSession:
             # after a known channel name the rest is the body; with no known name, all of it is
             tail = (rest[1] if len(rest) > 1 else "") if header.channel else channel_text
             body = (body + " " if body else "") + tail
+        constrain_tokens = self._sections.get("constrain")
+        if constrain_tokens and header.recipient is None:
+            # <|constrain|> means nothing without a recipient: its words are body text
+            body += self.enc.decode(constrain_tokens)
         self._state = _BETWEEN
         if not body.strip():
             return
