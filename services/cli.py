@@ -17,6 +17,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from services.common.infra import ManagedProcess, ensure_nats, ensure_redis, free_port
 
@@ -49,7 +50,7 @@ def serve(name: str) -> None:
     try:
         import uvloop  # a faster event loop: every hop on the bus is a loop wake-up
 
-        runner = uvloop.run
+        runner: Any = uvloop.run
     except ImportError:  # pragma: no cover - uvloop is a dependency, but stay runnable without it
         runner = asyncio.run
     with contextlib.suppress(KeyboardInterrupt):

@@ -91,12 +91,12 @@ class HarmonyTextTokenizer:
         if self.mode == "harmony":
             keep = 0 if final else (len(buf) - m.start() if (m := _PARTIAL_MARKER.search(buf)) else 0)
             out, self._buf = buf[: len(buf) - keep], buf[len(buf) - keep :]
-            ids = self._encode(out, markers=True)
-            if ids:
+            encoded = self._encode(out, markers=True)
+            if encoded:
                 self._started = True
-            return ids
+            return encoded
+        ids: list[int] = []
         if self.mode == "think":
-            ids: list[int] = []
             while True:
                 tag = _THINK_CLOSE if self._thinking else _THINK_OPEN
                 at = buf.find(tag)

@@ -155,11 +155,11 @@ def conversation_messages(req: EncodeRequest, today: dt.date, knowledge_cutoff: 
             recipients[item.call_id] = recipient
             messages.append(_call(recipient, item.arguments))
         elif isinstance(item, FunctionCallOutputItem):
-            recipient = recipients.get(item.call_id)
-            if recipient is None:
+            author = recipients.get(item.call_id)
+            if author is None:
                 raise _invalid(f"No tool call found for function call output with call_id "
                                f"'{item.call_id}'.", "input")
-            messages.append(_tool_output(recipient, item.output))
+            messages.append(_tool_output(author, item.output))
         elif isinstance(item, McpCallItem):
             recipient = _recipient(item.server_label, item.name)
             messages.append(_call(recipient, item.arguments))

@@ -73,8 +73,9 @@ class RedisResponseStore:
         async with self.r.pipeline(transaction=True) as pipe:
             pipe.set(self._k("resp", rid), record.model_dump_json(), ex=self.ttl)
             for item in [*record.input_items, *record.history]:
-                if getattr(item, "id", None):
-                    pipe.set(self._k("item", item.id), item.model_dump_json(), ex=self.ttl)  # type: ignore[union-attr]
+                item_id = getattr(item, "id", None)
+                if item_id:
+                    pipe.set(self._k("item", item_id), item.model_dump_json(), ex=self.ttl)
             await pipe.execute()
 
     async def get_response(self, response_id: str) -> StoredResponse | None:
@@ -98,7 +99,7 @@ class RedisResponseStore:
     async def read_events(self, response_id: str, after: str, block_ms: int) -> list[tuple[str, dict[str, Any]]]:
         """Events after stream id ``after`` ("0" for all), waiting up to ``block_ms`` for new ones."""
         key = self._k("resp", response_id, "events")
-        got = await self.r.xread({key: after}, block=block_ms or None, count=1000)
+        got: Any = await self.r.xread({key: after}, block=block_ms or None, count=1000)
         out: list[tuple[str, dict[str, Any]]] = []
         for _, entries in got or []:
             for entry_id, fields in entries:

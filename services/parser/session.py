@@ -20,12 +20,19 @@ from typing import Any
 
 from openai_harmony import HarmonyEncoding, Role, StreamableParser
 
-from contracts.errors import BusError
+from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineFinishReason, EngineUsage
-from contracts.messages.items import FunctionCallItem, MessageItem, OutputItem, ReasoningItem
+from contracts.messages.items import (
+    FunctionCallItem,
+    ItemStatus,
+    MessageItem,
+    OutputItem,
+    ReasoningItem,
+)
 from contracts.messages.parse import (
     Failed,
     Finished,
+    FinishReason,
     ItemAdded,
     ItemDelta,
     ItemDone,
@@ -138,9 +145,10 @@ class ParseSession:
         if self.recoveries:
             log.warning("request %s: repaired model output: %s", self.request_id, dict(self.recoveries))
         if error is not None or finish_reason == "error":
-            self._push(Failed(error=error or BusError(code="engine_error", message="the engine failed"), usage=u))
+            self._push(Failed(error=error or BusError(code=ErrorCode.ENGINE_ERROR, message="the engine failed"),
+                              usage=u))
         else:
-            reason = finish_reason or "stop"
+            reason: FinishReason = "stop" if finish_reason in (None, "error") else finish_reason
             if reason == "stop" and self._calls:
                 reason = "tool_calls"
             self._push(Finished(finish_reason=reason, usage=u, recoveries=sorted(self.recoveries)))
@@ -378,7 +386,7 @@ class ParseSession:
                 if entry.announced:
                     self._delta(entry.index, rest)
         text = "".join(entry.text)
-        status = "incomplete" if incomplete else "completed"
+        status: ItemStatus = "incomplete" if incomplete else "completed"
         item = entry.item
         if entry.hold:  # a final message we held back: a tool call written as text, or text
             call = None if incomplete else recover_tool_call(text, self.tool_names, self.tool_schemas)

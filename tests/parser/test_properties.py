@@ -18,7 +18,17 @@ from hypothesis import strategies as st
 
 from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
 from contracts.messages.parse import ItemDone
-from services.common.harmony import CALL, CHANNEL, CONSTRAIN, END, ENDOFTEXT, MESSAGE, RETURN, START, harmony_encoding
+from services.common.harmony import (
+    CALL,
+    CHANNEL,
+    CONSTRAIN,
+    END,
+    ENDOFTEXT,
+    MESSAGE,
+    RETURN,
+    START,
+    harmony_encoding,
+)
 from services.parser.session import ParseSession
 
 ENC = harmony_encoding()

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from contracts.errors import BusError, ErrorCode
-from contracts.messages.generate import EngineUsage, GenerateRequest
+from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest
 from services.common.harmony import CALL, RETURN, harmony_encoding
 from services.common.textstream import HarmonyTextTokenizer, prompt_messages
 from services.dispatcher.engines.base import EngineChunk, error_message
@@ -58,7 +58,7 @@ class OpenAITextDecoder:
             if ids:
                 self.last_id = ids[-1]
             return EngineChunk(token_ids=ids, usage=usage) if ids or usage else None
-        finish = "length" if raw_finish == "length" else "stop"
+        finish: EngineFinishReason = "length" if raw_finish == "length" else "stop"
         ids += self.tokens.finish(finish)
         stop_id = ids[-1] if ids and ids[-1] in (RETURN, CALL) else None
         return EngineChunk(token_ids=ids, finish_reason=finish, stop_token_id=stop_id, usage=usage)

@@ -91,8 +91,9 @@ def input_items(raw: str | list[dict[str, Any]] | None, references: dict[str, Co
                                                  approve=bool(entry.get("approve")), reason=entry.get("reason"),
                                                  id=entry.get("id") or new_id("mcpr")))
         elif kind in ("mcp_call", "mcp_list_tools", "mcp_approval_request"):
-            model = {"mcp_call": McpCallItem, "mcp_list_tools": McpListToolsItem,
-                     "mcp_approval_request": McpApprovalRequestItem}[kind]
+            models: dict[str, Any] = {"mcp_call": McpCallItem, "mcp_list_tools": McpListToolsItem,
+                                      "mcp_approval_request": McpApprovalRequestItem}
+            model = models[kind]
             items.append(model.model_validate(entry))
         else:
             raise invalid(f"Input item type '{kind}' is not supported by Chorus.", f"{param}.type")
@@ -118,9 +119,10 @@ def output_json(item: ConversationItem, *, streaming_start: bool = False) -> dic
     ``response.output_item.added`` announces it: empty text, in progress)."""
     status = "in_progress" if streaming_start else item.status if hasattr(item, "status") else "completed"
     if isinstance(item, ReasoningItem):
-        content = [] if streaming_start else [{"type": "reasoning_text", "text": item.text}]
-        return {"type": "reasoning", "id": item.id, "summary": [], "content": content, "status": status}
+        parts: list[dict[str, Any]] = [] if streaming_start else [{"type": "reasoning_text", "text": item.text}]
+        return {"type": "reasoning", "id": item.id, "summary": [], "content": parts, "status": status}
     if isinstance(item, MessageItem):
+        content: list[dict[str, Any]]
         if item.role == "assistant":
             content = [] if streaming_start else [
                 {"type": "output_text", "text": item.content, "annotations": [], "logprobs": []}]

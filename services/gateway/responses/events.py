@@ -137,6 +137,7 @@ class EventWriter:
             out += self._added(local, item)
         self._open.pop(index, None)
         self._texts.pop(index, None)
+        part: dict[str, Any]
         if isinstance(item, ReasoningItem):
             part = {"type": "reasoning_text", "text": item.text}
             out.append(self.event("response.reasoning_text.done", item_id=item.id, output_index=index,

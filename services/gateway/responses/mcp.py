@@ -24,6 +24,7 @@ from contracts.messages.tools import (
     ListToolsRequest,
     McpServer,
     ToolResult,
+    ToolsListed,
 )
 from services.common import bus
 from services.gateway.context import GatewayContext
@@ -101,6 +102,7 @@ class McpTooling:
                 ListToolsRequest(request_id=self.request_id, server=s.server), _LIST,
                 request_id=self.request_id, timeout=TOOL_TIMEOUT_S, service="tools",
             )
+            assert isinstance(listed, ToolsListed)
             s.tools = [t for t in listed.tools if s.allowed(t)]
             return McpListToolsItem(id=new_id("mcpl"), server_label=s.label, tools=s.tools,
                                     error=getattr(listed, "error", None))

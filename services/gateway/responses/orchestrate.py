@@ -281,7 +281,8 @@ class ResponseRun:
         if not pending or self.tooling is None:
             return ran_builtin, builtin_events
         limit = self.request.max_tool_calls
-        runnable, refused = [], []
+        runnable: list[tuple[int, McpCallItem]] = []
+        refused: list[tuple[int, McpCallItem]] = []
         for index, item in pending:
             if limit is not None and self.tool_calls_run + len(runnable) >= limit:
                 refused.append((index, item.model_copy(update={"error": "max_tool_calls reached"})))
