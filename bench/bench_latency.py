@@ -144,80 +144,78 @@ def report(name: str, rows: list[tuple[float, float, int]]) -> dict[str, float]:
     return figures
 
 
-async def main(args: argparse.Namespace) -> None:
+def start_processes(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str, str, Path]:
+    """The simulated engine and `chorus up` in front of it; waits until /health says 200."""
     log_dir = Path(tempfile.mkdtemp(prefix="chorus-bench-"))
     sim_port, port = free_port(), free_port()
     engine = f"http://127.0.0.1:{sim_port}"
     env = {**os.environ, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(sim_port),
            "CHORUS_SIM_PROTOCOL": "vllm", "CHORUS_SIM_TOKEN_DELAY_MS": "0",
            "CHORUS_SIM_TOKENS_PER_CHUNK": str(args.tokens_per_chunk)}
-    sim = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "sim-engine"], env=env,
-                           stdout=open(log_dir / "sim.log", "wb"), stderr=subprocess.STDOUT)
-    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(port),
-                           "--engine", f"sim={engine}", "--namespace", f"bench{port}",
-                           "--parser-workers", str(args.parser_workers), "--log-dir", str(log_dir),
-                           "--log-level", "WARNING"],
-                          stdout=open(log_dir / "up.out", "wb"), stderr=subprocess.STDOUT)
+    with open(log_dir / "sim.log", "wb") as sim_log, open(log_dir / "up.out", "wb") as up_log:
+        sim = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "sim-engine"], env=env,
+                               stdout=sim_log, stderr=subprocess.STDOUT)
+        up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(port),
+                               "--engine", f"sim={engine}", "--namespace", f"bench{port}",
+                               "--parser-workers", str(args.parser_workers), "--log-dir", str(log_dir),
+                               "--log-level", "WARNING"], stdout=up_log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:  # noqa: BLE001
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"stack did not start; logs in {log_dir}")
-            await asyncio.sleep(0.2)
-        text = f"Benchmark question [[sim:tokens={args.tokens}]]"
-        ids = prompt_ids(text)
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-        async with httpx.AsyncClient(timeout=120, limits=limits) as http:
-            render: list[float] = []
-            for _ in range(20):  # warm-up
-                await direct_once(http, engine, ids)
-                await chorus_once(http, base, text, render)
-            print(f"Chorus benchmark on {os.cpu_count()} cores; simulated engine at zero delay, "
-                  f"{args.tokens_per_chunk} token(s) per streamed chunk; {args.tokens}-token answers; "
-                  f"logs in {log_dir}")
-            summary = {}
-            for conc in (1, 32):
-                print(f"concurrency {conc}:")
-                d = report("direct", await run_load(lambda: direct_once(http, engine, ids), args.requests, conc))
-                render.clear()
-                c = report("chorus", await run_load(lambda: chorus_once(http, base, text, render), args.requests, conc))
-                added = c["ttft_p50"] - d["ttft_p50"]
-                print(f"  added by Chorus: TTFT p50 +{added:.2f} ms, total p50 +{c['total_p50'] - d['total_p50']:.2f} ms; "
-                      f"prompt rendering p50 {statistics.median(render) if render else 0:.3f} ms (included above)")
-                summary[conc] = (d, c)
-            ttext = f"Throughput run [[sim:tokens={args.throughput_tokens}]]"
-            n = args.throughput_requests
-            t0 = time.perf_counter()
-            peak: dict[str, float] = {}
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                if r.status == 200:
+                    return sim, up, base, engine, log_dir
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"stack did not start; logs in {log_dir}")
+        time.sleep(0.2)
 
-            async def sample_rss() -> None:
-                while True:
-                    for pid, name in children(up.pid).items():
-                        peak[f"{name}[{pid}]"] = max(peak.get(f"{name}[{pid}]", 0.0), rss_mb(pid))
-                    await asyncio.sleep(0.5)
 
-            sampler = asyncio.ensure_future(sample_rss())
-            rows = await run_load(lambda: chorus_once(http, base, ttext, []), n, 64)
-            wall = time.perf_counter() - t0
-            sampler.cancel()
-            tokens = sum(r[2] for r in rows)
-            print(f"throughput at concurrency 64: {tokens} output tokens in {wall:.2f} s = "
-                  f"{tokens / wall:,.0f} tokens/s through the whole stack ({n} requests)")
-            print("peak RSS per process under that load:")
-            for name, mb in sorted(peak.items()):
-                print(f"  {name:<40} {mb:6.1f} MB")
-    finally:
-        up.terminate()
-        up.wait(30)
-        sim.terminate()
-        sim.wait(10)
+async def main(args: argparse.Namespace, up_pid: int, base: str, engine: str, log_dir: Path) -> None:
+    text = f"Benchmark question [[sim:tokens={args.tokens}]]"
+    ids = prompt_ids(text)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        render: list[float] = []
+        for _ in range(20):  # warm-up
+            await direct_once(http, engine, ids)
+            await chorus_once(http, base, text, render)
+        print(f"Chorus benchmark on {os.cpu_count()} cores; simulated engine at zero delay, "
+              f"{args.tokens_per_chunk} token(s) per streamed chunk; {args.tokens}-token answers; "
+              f"logs in {log_dir}")
+        summary = {}
+        for conc in (1, 32):
+            print(f"concurrency {conc}:")
+            d = report("direct", await run_load(lambda: direct_once(http, engine, ids), args.requests, conc))
+            render.clear()
+            c = report("chorus", await run_load(lambda: chorus_once(http, base, text, render), args.requests, conc))
+            added = c["ttft_p50"] - d["ttft_p50"]
+            print(f"  added by Chorus: TTFT p50 +{added:.2f} ms, total p50 +{c['total_p50'] - d['total_p50']:.2f} ms; "
+                  f"prompt rendering p50 {statistics.median(render) if render else 0:.3f} ms (included above)")
+            summary[conc] = (d, c)
+        ttext = f"Throughput run [[sim:tokens={args.throughput_tokens}]]"
+        n = args.throughput_requests
+        t0 = time.perf_counter()
+        peak: dict[str, float] = {}
+
+        async def sample_rss() -> None:
+            while True:
+                for pid, name in children(up_pid).items():
+                    peak[f"{name}[{pid}]"] = max(peak.get(f"{name}[{pid}]", 0.0), rss_mb(pid))
+                await asyncio.sleep(0.5)
+
+        sampler = asyncio.ensure_future(sample_rss())
+        rows = await run_load(lambda: chorus_once(http, base, ttext, []), n, 64)
+        wall = time.perf_counter() - t0
+        sampler.cancel()
+        tokens = sum(r[2] for r in rows)
+        print(f"throughput at concurrency 64: {tokens} output tokens in {wall:.2f} s = "
+              f"{tokens / wall:,.0f} tokens/s through the whole stack ({n} requests)")
+        print("peak RSS per process under that load:")
+        for name, mb in sorted(peak.items()):
+            print(f"  {name:<40} {mb:6.1f} MB")
 
 
 if __name__ == "__main__":
@@ -230,4 +228,12 @@ if __name__ == "__main__":
     ap.add_argument("--tokens-per-chunk", type=int, default=1,
                     help="tokens the simulated engine sends per stream chunk (real engines send "
                          "one per decode step per request, or more with a stream interval)")
-    asyncio.run(main(ap.parse_args()))
+    args = ap.parse_args()
+    sim, up, base, engine, log_dir = start_processes(args)
+    try:
+        asyncio.run(main(args, up.pid, base, engine, log_dir))
+    finally:
+        up.terminate()
+        up.wait(30)
+        sim.terminate()
+        sim.wait(10)
