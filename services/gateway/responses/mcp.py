@@ -130,18 +130,25 @@ class McpTooling:
         if s is None or not self.known(item.server_label, item.name):
             return item.model_copy(update={"error": f"Tool '{item.name}' is not available on server "
                                                     f"'{item.server_label}'.", "status": "completed"})
-        timeout = self.ctx.settings.mcp_call_timeout_s
-        try:
-            result = await bus.request(
-                self.ctx.pipeline.nc, self.ctx.pipeline.subjects.tools_call,
-                CallToolRequest(request_id=self.request_id, server=s.server, name=item.name,
-                                arguments=item.arguments or "{}", timeout_s=timeout),
-                _CALL, request_id=self.request_id, timeout=timeout + 5, service="tools",
-            )
-        except bus.BusFailure as exc:
-            return item.model_copy(update={"error": exc.error.message, "status": "completed"})
-        assert isinstance(result, ToolResult)
+        result = await call_tool(self.ctx, self.request_id, s.server, item.name, item.arguments or "{}")
         return item.model_copy(update={"output": result.output, "error": result.error, "status": "completed"})
+
+
+async def call_tool(ctx: GatewayContext, request_id: str, server: McpServer, name: str,
+                    arguments: str) -> ToolResult:
+    """One tool call through the tools service; a bus failure is a result with ``error``."""
+    timeout = ctx.settings.mcp_call_timeout_s
+    try:
+        result = await bus.request(
+            ctx.pipeline.nc, ctx.pipeline.subjects.tools_call,
+            CallToolRequest(request_id=request_id, server=server, name=name, arguments=arguments,
+                            timeout_s=timeout),
+            _CALL, request_id=request_id, timeout=timeout + 5, service="tools",
+        )
+    except bus.BusFailure as exc:
+        return ToolResult(error=exc.error.message)
+    assert isinstance(result, ToolResult)
+    return result
 
 
 async def run_builtin(ctx: GatewayContext, request_id: str, call: FunctionCallItem) -> FunctionCallOutputItem:
@@ -151,16 +158,6 @@ async def run_builtin(ctx: GatewayContext, request_id: str, call: FunctionCallIt
         name, arguments = "python", json.dumps({"code": call.arguments})
     else:
         name, arguments = call.name, call.arguments or "{}"
-    timeout = ctx.settings.mcp_call_timeout_s
-    try:
-        result = await bus.request(
-            ctx.pipeline.nc, ctx.pipeline.subjects.tools_call,
-            CallToolRequest(request_id=request_id, server=McpServer.builtin(call.namespace), name=name,
-                            arguments=arguments, timeout_s=timeout),
-            _CALL, request_id=request_id, timeout=timeout + 5, service="tools",
-        )
-        assert isinstance(result, ToolResult)
-        text = result.output if result.error is None else f"Error: {result.error}"
-    except bus.BusFailure as exc:
-        text = f"Error: {exc.error.message}"
+    result = await call_tool(ctx, request_id, McpServer.builtin(call.namespace), name, arguments)
+    text = result.output if result.error is None else f"Error: {result.error}"
     return FunctionCallOutputItem(call_id=call.call_id, output=text or "", id=new_id("fco"))
