@@ -150,6 +150,10 @@ class ControlTextFilter:
             cleaned = cleaned[: m.start()]
         return cleaned
 
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
     def flush(self) -> str:
         rest, self._pending = self._pending, ""
         return rest

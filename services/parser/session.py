@@ -351,6 +351,14 @@ class ParseSession:
             self._text(entry, delta)
 
     def _text(self, entry: _Item, delta: str) -> None:
+        if not entry.hold and "<" not in delta and not entry.filter.pending:
+            # the common case: plain text into a streamed item
+            entry.text.append(delta)
+            if entry.index == self._delta_index:
+                self._delta_parts.append(delta)
+            else:
+                self._delta(entry.index, delta)
+            return
         before = entry.filter.removed
         text = entry.filter.feed(delta)
         if entry.filter.removed != before:
