@@ -38,3 +38,9 @@ def namespace() -> str:
 @pytest.fixture(scope="session")
 def encoding():  # type: ignore[no-untyped-def]
     return harmony_encoding()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Whole-stack tests run last: their stacks (dozens of processes) live until the session
+    ends, and unit and service tests should not share the machine with them."""
+    items.sort(key=lambda item: "/e2e/" in str(item.path))

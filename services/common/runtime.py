@@ -79,6 +79,7 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
     await broker.start()
     try:
+        await broker.connection.flush()  # the handlers' subscriptions are on the server now
         if on_start:
             await on_start()
         await broker.connection.flush()
