@@ -33,6 +33,9 @@ sys.path.insert(0, str(ROOT))
 from services.common.harmony import harmony_encoding  # noqa: E402
 from services.common.infra import free_port  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_pipeline import rss_mb  # noqa: E402
+
 MODEL = "openai/gpt-oss-20b"
 
 
@@ -106,16 +109,6 @@ async def run_load(fn, n: int, concurrency: int) -> list[tuple[float, float, int
 
     await asyncio.gather(*(one() for _ in range(n)))
     return results
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
 
 
 def children(pid: int) -> dict[int, str]:

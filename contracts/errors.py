@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict
 class ErrorCode(StrEnum):
     # the caller's fault
     INVALID_REQUEST = "invalid_request"
+    INVALID_API_KEY = "invalid_api_key"
+    REQUEST_TOO_LARGE = "request_too_large"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
     NOT_FOUND = "not_found"
     MODEL_NOT_FOUND = "model_not_found"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
@@ -20,6 +23,7 @@ class ErrorCode(StrEnum):
     ENGINE_UNAVAILABLE = "engine_unavailable"
     ENGINE_ERROR = "engine_error"
     SERVICE_UNAVAILABLE = "service_unavailable"
+    STORAGE_UNAVAILABLE = "storage_unavailable"
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
     INTERNAL = "internal_error"
@@ -35,12 +39,16 @@ class ErrorCode(StrEnum):
 
 _HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.INVALID_API_KEY: 401,
+    ErrorCode.REQUEST_TOO_LARGE: 413,
+    ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.MODEL_NOT_FOUND: 404,
     ErrorCode.CONTEXT_LENGTH_EXCEEDED: 400,
     ErrorCode.ENGINE_UNAVAILABLE: 503,
     ErrorCode.ENGINE_ERROR: 502,
     ErrorCode.SERVICE_UNAVAILABLE: 503,
+    ErrorCode.STORAGE_UNAVAILABLE: 503,
     ErrorCode.TIMEOUT: 504,
     ErrorCode.CANCELLED: 499,
     ErrorCode.INTERNAL: 500,
@@ -56,8 +64,12 @@ class BusError(BaseModel):
     code: ErrorCode
     message: str
     param: str | None = None
+    # another attempt may succeed (an engine or a service on the path died): the gateway
+    # resumes the generation instead of failing the request
+    retryable: bool = False
 
     def openai_body(self) -> dict[str, dict[str, str | None]]:
+        """The OpenAI error JSON a client sees (``retryable`` stays inside Chorus)."""
         return {
             "error": {
                 "message": self.message,

@@ -1,46 +1,47 @@
-"""Every NATS subject and header Chorus uses, built from the namespace. Nowhere else.
+"""Every NATS subject Chorus uses, built from the namespace. Nowhere else.
 
-Subjects are fixed per role (or per worker instance), never per request: the request id
-travels in the ``Chorus-Request-Id`` header so span names and subscriptions stay bounded.
-"""
+Subjects are fixed per role (or per service instance), never per request, so span names and
+subscriptions stay bounded; a generation's id travels inside the messages."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-REQUEST_ID_HEADER = "Chorus-Request-Id"
-SEQ_HEADER = "Chorus-Seq"
-
 # Queue groups: every replica of a service joins its group, NATS picks one per message.
 ENCODER_QUEUE = "encoder"
 DISPATCHER_QUEUE = "dispatcher"
-PARSER_QUEUE = "parser"
 TOOLS_QUEUE = "tools"
 
 SERVICES = ("encoder", "dispatcher", "parser", "tools")
+
+# Header naming an oversized payload kept in the object store (services.common.bus).
+CLAIM_HEADER = "Chorus-Claim"
 
 
 @dataclass(frozen=True)
 class Subjects:
     namespace: str = "chorus"
 
-    # request/reply (faststream handlers) ------------------------------------------------
+    # the generation pipeline (raw nats-py, one message per hop) -------------------------
     @property
-    def encode(self) -> str:
-        """EncodeRequest -> EncodeReply (EncodedPrompt | BusError)."""
-        return f"{self.namespace}.encoder.encode"
+    def jobs(self) -> str:
+        """GenerateJob, gateway -> encoder (queue group)."""
+        return f"{self.namespace}.encoder.jobs"
 
     @property
     def generate(self) -> str:
-        """GenerateRequest -> GenerateReply (GenerateAccepted | BusError); tokens follow on
-        the request's ``token_subject``."""
+        """GenerateRequest, encoder -> dispatcher (queue group)."""
         return f"{self.namespace}.dispatcher.generate"
 
-    @property
-    def parse_open(self) -> str:
-        """ParseOpen -> ParseOpenReply (ParseOpened | BusError)."""
-        return f"{self.namespace}.parser.open"
+    def parser_tokens(self, parser: str) -> str:
+        """TokenFrame, dispatcher -> one parser worker."""
+        return f"{self.namespace}.tokens.{parser}"
 
+    def gateway_events(self, gateway: str) -> str:
+        """EventFrame, encoder / dispatcher / parser -> one gateway instance."""
+        return f"{self.namespace}.events.{gateway}"
+
+    # request/reply (faststream handlers) ------------------------------------------------
     @property
     def tools_list(self) -> str:
         """ListToolsRequest -> ListToolsReply."""
@@ -51,30 +52,36 @@ class Subjects:
         """CallToolRequest -> CallToolReply."""
         return f"{self.namespace}.tools.call"
 
-    def health(self, service: str) -> str:
-        """Ping -> Pong, answered by one replica of ``service`` (queue group)."""
-        return f"{self.namespace}.health.{service}"
-
-    # fan-out -------------------------------------------------------------------------
+    # fan-out ----------------------------------------------------------------------------
     @property
     def cancel(self) -> str:
-        """Cancel, broadcast to every dispatcher and parser (no queue group)."""
+        """Cancel, heard by every encoder, dispatcher and parser (no queue group)."""
         return f"{self.namespace}.cancel"
 
-    # streams (plain nats-py on the hot path) ------------------------------------------
-    def parser_tokens(self, worker_id: str) -> str:
-        """TokenBatch stream into one parser worker (dispatcher -> parser)."""
-        return f"{self.namespace}.tokens.{worker_id}"
+    @property
+    def response_cancel(self) -> str:
+        """CancelResponse, heard by every gateway (the one running the response acts)."""
+        return f"{self.namespace}.responses.cancel"
 
     @property
-    def tokens_wildcard(self) -> str:
-        """Every token stream: what a JetStream stream captures for replay."""
-        return f"{self.namespace}.tokens.>"
+    def metrics(self) -> str:
+        """MetricsRequest -> a MetricsSnapshot from every service instance (no queue group)."""
+        return f"{self.namespace}.metrics"
 
-    def gateway_events(self, gateway_id: str) -> str:
-        """ParsedBatch stream into one gateway instance (parser -> gateway)."""
-        return f"{self.namespace}.events.{gateway_id}"
+    def heartbeat(self, service: str) -> str:
+        """Heartbeat of every instance of ``service``."""
+        return f"{self.namespace}.heartbeat.{service}"
 
-    # redis ---------------------------------------------------------------------------
+    @property
+    def heartbeats(self) -> str:
+        """Every service's heartbeats."""
+        return f"{self.namespace}.heartbeat.*"
+
+    # outside NATS subjects, but namespaced the same way ----------------------------------
+    @property
+    def object_store(self) -> str:
+        """JetStream object store bucket for payloads over NATS's message size limit."""
+        return f"{self.namespace}-payloads"
+
     def redis_key(self, *parts: str) -> str:
         return ":".join((self.namespace, *parts))

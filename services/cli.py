@@ -5,21 +5,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import importlib
+import ipaddress
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from services.common.infra import ManagedProcess, ensure_nats, ensure_redis, free_port
+from services.supervisor import Child, Supervisor, service_args
 
 # service name -> module with `Settings` (settings.py) and `run` (app.py)
 SERVICE_MODULES = {
@@ -31,12 +30,6 @@ SERVICE_MODULES = {
     "sim-engine": "services.simengine",
 }
 ENGINE_KINDS = ("vllm", "sglang", "sim", "openai", "openai-chat")
-
-
-def _set_pdeathsig() -> None:
-    """Children die with `chorus up` even if it is killed outright (Linux)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def serve(name: str) -> None:
@@ -58,28 +51,33 @@ def serve(name: str) -> None:
 
 
 async def ping(service: str, timeout: float) -> int:
-    from pydantic import TypeAdapter
-
-    from contracts.messages.control import Ping, Pong
+    """Exit 0 when an instance of ``service`` says it is ready (its heartbeat)."""
+    from contracts.messages.control import Heartbeat
     from services.common import bus
     from services.common.settings import BusSettings
 
     settings = BusSettings()
     try:
-        nc = await bus.connect(settings.nats_url, "chorus-ping")
+        nc = await asyncio.wait_for(bus.connect(settings.nats_url, "chorus-ping"), timeout)
     except Exception as exc:  # noqa: BLE001 - reported below
         print(f"{service}: cannot reach NATS at {settings.nats_url}: {exc}", file=sys.stderr)
         return 1
+    beats: asyncio.Queue[Heartbeat] = asyncio.Queue()
+
+    async def on_beat(msg: Any) -> None:
+        with contextlib.suppress(ValueError):
+            beats.put_nowait(Heartbeat.model_validate_json(msg.data))
+
     try:
-        pong = await bus.request(nc, settings.subjects.health(service), Ping(), TypeAdapter(Pong),
-                                 request_id="ping", timeout=timeout, service=service)
-    except bus.BusFailure as exc:
-        print(f"{service}: {exc.error.message}", file=sys.stderr)
+        await nc.subscribe(settings.subjects.heartbeat(service), cb=on_beat)
+        beat = await asyncio.wait_for(beats.get(), timeout)
+    except TimeoutError:
+        print(f"{service}: no instance answered within {timeout:g}s", file=sys.stderr)
         return 1
     finally:
         await nc.close()
-    print(f"{service} {pong.instance}: {'ready' if pong.ready else 'NOT ready'} {pong.detail}".rstrip())
-    return 0 if pong.ready else 1
+    print(f"{service} {beat.instance}: {'ready' if beat.ready else 'NOT ready'} {beat.detail}".rstrip())
+    return 0 if beat.ready else 1
 
 
 def _parse_builtin(spec: str) -> str:
@@ -98,57 +96,16 @@ def _parse_engine(spec: str) -> str:
     return spec
 
 
-@dataclass
-class Stack:
-    """The processes `chorus up` owns, stopped in reverse order."""
-
-    procs: list[ManagedProcess] = field(default_factory=list)
-
-    def spawn(self, name: str, service: str, env: dict[str, str], log_dir: Path | None) -> ManagedProcess:
-        args = [sys.executable, "-m", "services.cli", "serve", service]
-        log = open(log_dir / f"{name}.log", "ab") if log_dir else None  # noqa: SIM115
-        proc = ManagedProcess(name, args)
-        proc.proc = subprocess.Popen(
-            args, env=env, stdout=log or None, stderr=subprocess.STDOUT if log else None,
-            preexec_fn=_set_pdeathsig,
-        )
-        self.procs.append(proc)
-        return proc
-
-    def adopt(self, proc: ManagedProcess | None) -> None:
-        if proc is not None:
-            self.procs.append(proc)
-
-    def dead(self) -> ManagedProcess | None:
-        return next((p for p in self.procs if not p.alive()), None)
-
-    def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.alive() and proc.proc is not None:
-                proc.proc.terminate()
-        deadline = time.monotonic() + 8
-        for proc in reversed(self.procs):
-            if proc.proc is None:
-                continue
-            try:
-                proc.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.proc.kill()
-                proc.proc.wait()
-            for d in proc.tempdirs:
-                d.cleanup()
-
-
-def _wait_healthy(url: str, stack: Stack, timeout: float) -> str:
+def _wait_healthy(url: str, stack: Supervisor, timeout: float) -> str:
     """Wait for the gateway's /health to say 200. Returns "" when healthy, else what is still
     missing after ``timeout`` (an engine may come up later: the stack keeps running)."""
     deadline = time.monotonic() + timeout
     last = "the gateway does not answer yet"
     while time.monotonic() < deadline:
-        dead = stack.dead()
-        if dead is not None:
-            code = dead.proc.returncode if dead.proc else "?"
-            raise RuntimeError(f"{dead.name} exited during start-up (exit code {code})")
+        stack.check()
+        crashing = next((c for c in stack.children if c.failures >= 3), None)
+        if crashing is not None:
+            raise RuntimeError(f"{crashing.name} keeps exiting during start-up (see its log)")
         try:
             with urllib.request.urlopen(url, timeout=2) as resp:
                 if resp.status == 200:
@@ -166,8 +123,27 @@ def _wait_healthy(url: str, stack: Stack, timeout: float) -> str:
     return last
 
 
+def _loopback_bind(host: str) -> bool:
+    """Is ``chorus up`` serving on a loopback address only (local development)?"""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _infra(name: str, managed: ManagedProcess | None, log_path: Path | None) -> Child | None:
+    if managed is None or managed.proc is None:
+        return None
+    child = Child(name, managed.args, None, log_path, kind="infra", proc=managed.proc,
+                  started_at=time.monotonic())
+    child.cleanup.extend(managed.tempdirs)
+    return child
+
+
 def up(args: argparse.Namespace) -> int:
-    stack = Stack()
+    stack = Supervisor()
     stopping = False
 
     def _on_signal(signum: int, _frame: object) -> None:
@@ -179,11 +155,17 @@ def up(args: argparse.Namespace) -> int:
     log_dir = Path(args.log_dir) if args.log_dir else None
     if log_dir:
         log_dir.mkdir(parents=True, exist_ok=True)
+
+    def log(name: str) -> Path | None:
+        return log_dir / f"{name}.log" if log_dir else None
+
     try:
-        nats_proc, nats_url = ensure_nats(args.nats_url, log_dir / "nats.log" if log_dir else None)
-        stack.adopt(nats_proc)
-        redis_proc, redis_url = ensure_redis(args.redis_url, log_dir / "redis.log" if log_dir else None)
-        stack.adopt(redis_proc)
+        nats_proc, nats_url = ensure_nats(args.nats_url, log("nats"))
+        redis_proc, redis_url = ensure_redis(args.redis_url, log("redis"))
+        for child in (_infra("nats-server", nats_proc, log("nats")),
+                      _infra("redis-server", redis_proc, log("redis"))):
+            if child is not None:
+                stack.children.append(child)
         if nats_proc:
             print(f"chorus: started nats-server (JetStream) at {nats_url}", flush=True)
         if redis_proc:
@@ -199,20 +181,30 @@ def up(args: argparse.Namespace) -> int:
         if not engines:
             sim_port = args.sim_port or free_port()
             sim_env = {**env, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(sim_port)}
-            stack.spawn("sim-engine", "sim-engine", sim_env, log_dir)
+            stack.run(Child("sim-engine", service_args("sim-engine"), sim_env, log("sim-engine")))
             engines = [f"sim=http://127.0.0.1:{sim_port}"]
             print(f"chorus: no --engine given: using the built-in SIMULATED engine at "
                   f"http://127.0.0.1:{sim_port} (scripted output, not a model)", flush=True)
         env["CHORUS_ENGINES"] = json.dumps(engines)
         env["CHORUS_BUILTIN_TOOLS"] = json.dumps(dict(b.split("=", 1) for b in args.builtin_tool or []))
         env["CHORUS_MODELS"] = json.dumps(args.model or ["openai/gpt-oss-20b"])
-        stack.spawn("encoder", "encoder", env, log_dir)
-        stack.spawn("dispatcher", "dispatcher", env, log_dir)
-        for i in range(args.parser_workers):
-            stack.spawn(f"parser-{i + 1}", "parser", env, log_dir)
-        stack.spawn("tools", "tools", env, log_dir)
-        stack.spawn("gateway", "gateway",
-                    {**env, "CHORUS_HOST": args.host, "CHORUS_PORT": str(args.port)}, log_dir)
+        # MCP servers on loopback are reachable for local development only (an explicit
+        # CHORUS_ALLOW_LOOPBACK in the environment wins)
+        env.setdefault("CHORUS_ALLOW_LOOPBACK", "true" if _loopback_bind(args.host) else "false")
+        if args.api_key:
+            env["CHORUS_API_KEYS"] = ",".join(args.api_key)
+        if not _loopback_bind(args.host) and not env.get("CHORUS_API_KEYS"):
+            print(f"chorus: WARNING: serving on {args.host} without API keys: anyone who can reach "
+                  "this port can use it (give --api-key or CHORUS_API_KEYS)", file=sys.stderr, flush=True)
+        services = [("encoder", "encoder"),
+                    *[(f"dispatcher-{i + 1}" if args.dispatchers > 1 else "dispatcher", "dispatcher")
+                      for i in range(args.dispatchers)],
+                    *[(f"parser-{i + 1}", "parser") for i in range(args.parser_workers)],
+                    ("tools", "tools")]
+        for name, service in services:
+            stack.run(Child(name, service_args(service), env, log(name)))
+        stack.run(Child("gateway", service_args("gateway"),
+                        {**env, "CHORUS_HOST": args.host, "CHORUS_PORT": str(args.port)}, log("gateway")))
         base = f"http://{args.host}:{args.port}"
         missing = _wait_healthy(f"{base}/health", stack, args.startup_timeout)
         if missing:
@@ -222,11 +214,8 @@ def up(args: argparse.Namespace) -> int:
             print(f"chorus: ready at {base}/v1 (models: {models}; engines: {', '.join(engines)})",
                   flush=True)
         while not stopping:
-            dead = stack.dead()
-            if dead is not None:
-                print(f"chorus: {dead.name} exited unexpectedly; shutting down", file=sys.stderr, flush=True)
-                return 1
-            time.sleep(0.2)
+            stack.check()
+            time.sleep(0.05)
         return 0
     except (RuntimeError, TimeoutError, FileNotFoundError) as exc:
         print(f"chorus: {exc}", file=sys.stderr, flush=True)
@@ -243,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="start the whole stack (embedded NATS/Redis and the simulated engine by default)")
     p_up.add_argument("--host", default="127.0.0.1")
     p_up.add_argument("--port", type=int, default=8000)
+    p_up.add_argument("--api-key", action="append", metavar="KEY",
+                      help="require this bearer key (repeatable; a command line is visible to other users: "
+                           "CHORUS_API_KEYS, comma-separated, keeps keys out of it)")
     p_up.add_argument("--model", action="append", help="served model name (repeatable)")
     p_up.add_argument("--engine", action="append", type=_parse_engine,
                       help="engine worker KIND=URL, KIND: vllm | sglang | sim | openai | openai-chat (repeatable)")
@@ -250,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="route a gpt-oss built-in tool to an MCP server: browser=URL or python=URL")
     p_up.add_argument("--namespace", default=os.environ.get("CHORUS_NAMESPACE", "chorus"))
     p_up.add_argument("--parser-workers", type=int, default=2)
+    p_up.add_argument("--dispatchers", type=int, default=1)
     p_up.add_argument("--nats-url", default=os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
     p_up.add_argument("--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
     p_up.add_argument("--sim-port", type=int, default=None, help="port of the simulated engine")

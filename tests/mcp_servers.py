@@ -207,3 +207,50 @@ async def serve_mcp(
             uv.should_exit = True
             await task
             sock.close()
+
+
+@dataclass
+class HangingServer:
+    """A loopback port that accepts TCP connections, reads what arrives, and never answers."""
+
+    url: str
+    port: int
+    connections: int = 0
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def wait_for_connections(self, count: int) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.connections >= count)
+
+    async def accepted(self) -> None:
+        async with self._changed:
+            self.connections += 1
+            self._changed.notify_all()
+
+
+@contextlib.asynccontextmanager
+async def hanging_server() -> AsyncIterator[HangingServer]:
+    """A server that never answers, at ``srv.url`` (".../mcp"); ``srv.connections`` counts the
+    connections it accepted. On exit every connection is closed."""
+    sock = listening_socket()
+    port = int(sock.getsockname()[1])
+    running = HangingServer(url=f"http://127.0.0.1:{port}/mcp", port=port)
+    writers: list[asyncio.StreamWriter] = []
+    done = asyncio.Event()
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        await running.accepted()
+        with contextlib.suppress(ConnectionError):
+            while not done.is_set() and await reader.read(65536):
+                pass
+
+    server = await asyncio.start_server(on_connect, sock=sock)
+    try:
+        yield running
+    finally:
+        done.set()
+        server.close()
+        for writer in writers:
+            writer.close()
+        await server.wait_closed()

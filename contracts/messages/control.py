@@ -1,4 +1,4 @@
-"""Fan-out control messages and health pings."""
+"""Fan-out control messages: cancels and heartbeats."""
 
 from __future__ import annotations
 
@@ -8,20 +8,47 @@ from contracts.messages.base import Contract
 
 
 class Cancel(Contract):
-    """The request is over for the client: abort the engine, drop the parser session."""
+    """Nobody waits for this generation any more: abort it in the engine, drop its parser
+    session, and do not start it if it has not started (every service hears every cancel)."""
 
     kind: Literal["cancel"] = "cancel"
-    request_id: str
+    generation_id: str
     reason: str = "client_disconnected"
 
 
-class Ping(Contract):
-    kind: Literal["ping"] = "ping"
+class Heartbeat(Contract):
+    """Every service instance says it is alive every ``interval_s`` seconds. Peers that need
+    to know (the gateway: parsers, dispatchers, encoders; the dispatcher: gateways, parsers)
+    count an instance dead after a few missed beats, so a death is noticed in about a second
+    and parser workers are chosen without a round trip."""
 
-
-class Pong(Contract):
-    kind: Literal["pong"] = "pong"
+    kind: Literal["heartbeat"] = "heartbeat"
     service: str
     instance: str
+    interval_s: float
     ready: bool = True
     detail: str = ""
+    load: int = 0  # what the instance is working on now (sessions, streams, renders)
+    draining: bool = False  # finishing its work; send it nothing new
+    stopping: bool = False  # the last beat of an instance that stops (no death to wait for)
+
+
+class CancelResponse(Contract):
+    """Cancel a background response: the gateway running it stops it (any replica may be
+    asked; every gateway hears this)."""
+
+    kind: Literal["cancel_response"] = "cancel_response"
+    response_id: str
+
+
+class MetricsRequest(Contract):
+    """The gateway scraping the stack: every service instance answers with its metrics."""
+
+    kind: Literal["metrics_request"] = "metrics_request"
+
+
+class MetricsSnapshot(Contract):
+    kind: Literal["metrics"] = "metrics"
+    service: str
+    instance: str
+    exposition: str  # Prometheus text format

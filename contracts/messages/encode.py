@@ -1,12 +1,12 @@
-"""gateway -> encoder: a conversation to render into Harmony prompt token ids."""
+"""What the encoder renders: a conversation (items), the tools offered and the options that
+shape the Harmony system and developer messages. Travels inside ``GenerateJob``."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from contracts.errors import BusError
 from contracts.messages.base import Contract
 from contracts.messages.items import ConversationItem
 
@@ -36,9 +36,17 @@ class NamedToolChoice(Contract):
 ToolChoice = Literal["auto", "none", "required"] | NamedToolChoice
 
 
+class ResponseFormat(Contract):
+    """A structured-output format the answer must follow (rendered in the developer message's
+    "# Response Formats" section, as Harmony specifies)."""
+
+    name: str = "response"
+    description: str | None = None
+    json_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    strict: bool = False
+
+
 class EncodeRequest(Contract):
-    kind: Literal["encode"] = "encode"
-    request_id: str
     model: str
     items: list[ConversationItem]
     instructions: str | None = None
@@ -47,15 +55,8 @@ class EncodeRequest(Contract):
     tool_choice: ToolChoice = "auto"
     reasoning_effort: ReasoningEffort = "medium"
     builtin_tools: list[BuiltinTool] = Field(default_factory=list)
-    current_date: str | None = None  # YYYY-MM-DD; the encoder's clock when absent
+    response_format: ResponseFormat | None = None
+    # YYYY-MM-DD; the encoder's clock when absent. The gateway pins it, so an attempt resumed
+    # on another encoder renders the identical prompt.
+    current_date: str | None = None
 
-
-class EncodedPrompt(Contract):
-    kind: Literal["encoded"] = "encoded"
-    token_ids: list[int]
-    stop_token_ids: list[int]
-    selection_text: str  # last user message text, for worker selection
-    render_ms: float = 0.0
-
-
-EncodeReply = Annotated[EncodedPrompt | BusError, Field(discriminator="kind")]

@@ -104,6 +104,16 @@ class McpApprovalResponseItem(Contract):
     reason: str | None = None
 
 
+class CompactionItem(Contract):
+    """An earlier stretch of the conversation, condensed by the model (``/v1/responses/compact``).
+    ``summary`` is what the model reads; ``sealed`` the opaque blob the client holds."""
+
+    type: Literal["compaction"] = "compaction"
+    summary: str
+    id: str | None = None
+    sealed: str | None = None
+
+
 ConversationItem = Annotated[
     MessageItem
     | ReasoningItem
@@ -112,7 +122,8 @@ ConversationItem = Annotated[
     | McpListToolsItem
     | McpCallItem
     | McpApprovalRequestItem
-    | McpApprovalResponseItem,
+    | McpApprovalResponseItem
+    | CompactionItem,
     Field(discriminator="type"),
 ]
 

@@ -1,34 +1,15 @@
-"""gateway -> parser: open a session; parser -> gateway: typed events per token batch."""
+"""What the parser makes of a generation's tokens: typed events, in order, that end with
+``Finished`` or ``Failed``. They travel to the gateway inside ``ParsedBatch``."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field
 
 from contracts.errors import BusError
 from contracts.messages.base import Contract
 from contracts.messages.items import OutputItem
-
-
-class ParseOpen(Contract):
-    kind: Literal["parse_open"] = "parse_open"
-    request_id: str
-    events_subject: str  # where the parser sends ParsedBatch messages
-    tool_names: list[str] = Field(default_factory=list)  # offered function tools (recovery)
-    namespaces: list[str] = Field(default_factory=list)  # tool namespaces offered besides functions
-    turn: int = 0  # which model turn of the request (tool loops generate several); ids differ per turn
-    # JSON schemas of the offered function tools, to repair misnamed arguments
-    tool_schemas: dict[str, dict[str, Any]] = Field(default_factory=dict)
-
-
-class ParseOpened(Contract):
-    kind: Literal["parse_opened"] = "parse_opened"
-    worker_id: str
-    token_subject: str  # where the dispatcher must stream TokenBatch messages
-
-
-ParseOpenReply = Annotated[ParseOpened | BusError, Field(discriminator="kind")]
 
 
 class ItemAdded(Contract):
@@ -80,12 +61,3 @@ ParseEvent = Annotated[
     ItemAdded | ItemDelta | ItemDone | Finished | Failed,
     Field(discriminator="type"),
 ]
-
-
-class ParsedBatch(Contract):
-    """Events for one request, in order (``seq`` from 0). Finished or Failed ends it."""
-
-    kind: Literal["parsed"] = "parsed"
-    request_id: str
-    seq: int
-    events: list[ParseEvent]

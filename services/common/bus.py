@@ -1,23 +1,46 @@
-"""Thin typed helpers over nats-py, for clients and for the token hot path.
+"""Typed messages over raw nats-py: the request path's hops pay no framework cost.
 
-Services receive requests through faststream handlers; callers (the gateway, the dispatcher
-streaming tokens, the parser streaming events) use these helpers with the same pydantic
-contracts, without a framework's per-message cost."""
+``Bus`` wraps one service's NATS connection:
+- ``publish`` a contract (a payload over the server's size limit goes to a JetStream object
+  store and travels as a claim, so a 131k-token prompt is never refused by NATS);
+- ``subscribe`` with a typed handler (unreadable messages are logged and dropped: garbage on
+  the bus never stops a service);
+- ``Outbox``: messages for one subject gathered while the event loop is busy and sent as one
+  frame, or at once when it is idle;
+- ``request`` for the request/reply conversations that stay on faststream handlers (tools).
+
+Connection events (disconnected, reconnected) are exposed so the gateway can resume the
+generations a NATS restart may have cut."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
 
 import nats
 import nats.errors
 from nats.aio.client import Client as NatsClient
-from pydantic import BaseModel, TypeAdapter
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import ObjectStoreConfig
+from nats.js.object_store import ObjectStore
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from contracts.errors import BusError, ErrorCode
-from contracts.subjects import REQUEST_ID_HEADER
+from contracts.subjects import CLAIM_HEADER, Subjects
 from services.common.telemetry import inject
 
+log = logging.getLogger("chorus.bus")
+
 T = TypeVar("T")
+F = TypeVar("F", bound=BaseModel)
+CLAIM_TTL_S = 600.0  # an unclaimed oversized payload is dropped after this
+CLAIM_MARGIN = 4096  # headroom under max_payload for headers and protocol framing
 
 
 class BusFailure(Exception):
@@ -28,55 +51,287 @@ class BusFailure(Exception):
         self.error = error
 
 
-async def connect(url: str, name: str, **kwargs: Any) -> NatsClient:
-    return await nats.connect(
-        url,
-        name=name,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        connect_timeout=5,
-        **kwargs,
-    )
-
-
 def dump(msg: BaseModel) -> bytes:
     return msg.model_dump_json().encode()
 
 
-def headers_for(request_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """Headers for a bus message: the request id, and the current trace context."""
-    headers = {REQUEST_ID_HEADER: request_id, "content-type": "application/json"}
-    if extra:
-        headers.update(extra)
-    return inject(headers)
+def trace_headers(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Headers for a bus message: the current trace context (and ``extra``)."""
+    return inject(dict(extra or {}))
 
 
-async def request(
-    nc: NatsClient,
-    subject: str,
-    msg: BaseModel,
-    reply_type: TypeAdapter[T],
-    *,
-    request_id: str,
-    timeout: float,
-    service: str,
-    headers: dict[str, str] | None = None,
-) -> T:
-    """Request/reply with typed payloads. A ``BusError`` reply raises ``BusFailure``; so do a
-    timeout (TIMEOUT) and nobody listening (SERVICE_UNAVAILABLE)."""
-    try:
-        reply = await nc.request(
-            subject, dump(msg), timeout=timeout, headers=headers_for(request_id, headers)
-        )
-    except nats.errors.NoRespondersError as exc:
-        raise BusFailure(
-            BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message=f"no {service} service is running")
-        ) from exc
-    except nats.errors.TimeoutError as exc:
-        raise BusFailure(
-            BusError(code=ErrorCode.TIMEOUT, message=f"the {service} service did not answer in {timeout:g}s")
-        ) from exc
-    value = reply_type.validate_json(reply.data)
-    if isinstance(value, BusError):
-        raise BusFailure(value)
-    return value
+def credentials() -> dict[str, str]:
+    """NATS user and password from ``CHORUS_NATS_USER`` / ``CHORUS_NATS_PASSWORD`` (the compose
+    stack's server requires them); passed as options, never in the URL (nats-py cannot read a
+    password with spaces there)."""
+    user, password = os.environ.get("CHORUS_NATS_USER"), os.environ.get("CHORUS_NATS_PASSWORD")
+    return {"user": user, "password": password or ""} if user else {}
+
+
+async def connect(url: str, name: str, **callbacks: Any) -> NatsClient:
+    """A NATS connection that reconnects forever and notices a dead server in seconds."""
+    return await nats.connect(
+        url,
+        name=name,
+        **credentials(),
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.25,
+        connect_timeout=2,
+        ping_interval=2,
+        max_outstanding_pings=2,
+        **callbacks,
+    )
+
+
+class Bus:
+    """One service's NATS connection, typed."""
+
+    def __init__(self, nc: NatsClient, subjects: Subjects) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self._store: ObjectStore | None = None
+        self._subs: list[tuple[Subscription, bool]] = []  # (subscription, takes work)
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        name: str,
+        subjects: Subjects,
+        *,
+        on_disconnect: Callable[[], Awaitable[None]] | None = None,
+        on_reconnect: Callable[[], Awaitable[None]] | None = None,
+    ) -> Bus:
+        async def disconnected() -> None:
+            log.warning("%s: lost the NATS connection; reconnecting", name)
+            if on_disconnect is not None:
+                await on_disconnect()
+
+        async def reconnected() -> None:
+            log.info("%s: reconnected to NATS", name)
+            if on_reconnect is not None:
+                await on_reconnect()
+
+        async def error(exc: Exception) -> None:
+            log.debug("%s: NATS: %s", name, exc)
+
+        nc = await connect(url, name, disconnected_cb=disconnected, reconnected_cb=reconnected,
+                           error_cb=error)
+        return cls(nc, subjects)
+
+    # sending ----------------------------------------------------------------------------
+    async def publish(self, subject: str, msg: BaseModel | bytes,
+                      headers: dict[str, str] | None = None) -> None:
+        data = msg if isinstance(msg, bytes) else dump(msg)
+        if len(data) > self.nc.max_payload - CLAIM_MARGIN:
+            key = await self._put_claim(data)
+            headers = {**(headers or {}), CLAIM_HEADER: key}
+            data = b""
+        await self.nc.publish(subject, data, headers=headers or None)
+
+    async def _objects(self) -> ObjectStore:
+        if self._store is None:
+            js = self.nc.jetstream()
+            bucket = self.subjects.object_store
+            try:
+                self._store = await js.object_store(bucket)
+            except Exception:  # noqa: BLE001 - not created yet: create it
+                self._store = await js.create_object_store(
+                    bucket, config=ObjectStoreConfig(bucket=bucket, ttl=CLAIM_TTL_S))
+        return self._store
+
+    async def _put_claim(self, data: bytes) -> str:
+        key = uuid.uuid4().hex
+        try:
+            await (await self._objects()).put(key, data)
+        except Exception as exc:
+            raise BusFailure(BusError(
+                code=ErrorCode.SERVICE_UNAVAILABLE,
+                message=f"a {len(data)}-byte message is over NATS's limit of {self.nc.max_payload} "
+                        "bytes and JetStream (needed to carry it) is not available",
+            )) from exc
+        return key
+
+    async def payload(self, msg: Msg) -> bytes:
+        """The message's payload, fetched (once) from the object store if it was a claim."""
+        key = (msg.headers or {}).get(CLAIM_HEADER)
+        if not key:
+            return msg.data
+        store = await self._objects()
+        result = await store.get(key)
+        with contextlib.suppress(Exception):
+            await store.delete(key)
+        return result.data or b""
+
+    # receiving --------------------------------------------------------------------------
+    async def subscribe(
+        self,
+        subject: str,
+        adapter: TypeAdapter[T],
+        handler: Callable[[T], Awaitable[None]],
+        *,
+        queue: str = "",
+        takes_work: bool = False,
+    ) -> Subscription:
+        """Call ``handler`` with each message, decoded. Messages are handled one at a time, in
+        order (a handler that must not block the next message starts a task). ``takes_work``:
+        a queue subscription that is dropped first when the service drains."""
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                value = adapter.validate_json(await self.payload(msg))
+            except (ValidationError, ValueError) as exc:
+                log.warning("unreadable message on %s dropped: %s", msg.subject, str(exc)[:300])
+                return
+            except Exception:  # noqa: BLE001 - e.g. a claim that expired
+                log.warning("message on %s could not be read", msg.subject, exc_info=True)
+                return
+            try:
+                await handler(value)
+            except Exception:  # noqa: BLE001 - one bad message never stops the subscription
+                log.exception("handling a message on %s failed", msg.subject)
+
+        sub = await self.nc.subscribe(subject, queue=queue, cb=on_msg, pending_msgs_limit=-1,
+                                      pending_bytes_limit=-1)
+        self._subs.append((sub, takes_work))
+        return sub
+
+    async def stop_taking_work(self) -> None:
+        """Leave the queue groups that hand this instance new work (draining)."""
+        for sub, takes_work in self._subs:
+            if takes_work:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await self.nc.flush(timeout=2)
+
+    async def request(
+        self,
+        subject: str,
+        msg: BaseModel,
+        reply_type: TypeAdapter[T],
+        *,
+        timeout: float,
+        service: str,
+    ) -> T:
+        """Request/reply with typed payloads. A ``BusError`` reply raises ``BusFailure``; so
+        do a timeout (TIMEOUT) and nobody listening (SERVICE_UNAVAILABLE)."""
+        try:
+            reply = await self.nc.request(subject, dump(msg), timeout=timeout, headers=trace_headers())
+        except nats.errors.NoRespondersError as exc:
+            raise BusFailure(BusError(code=ErrorCode.SERVICE_UNAVAILABLE,
+                                      message=f"no {service} service is running")) from exc
+        except nats.errors.TimeoutError as exc:
+            raise BusFailure(BusError(code=ErrorCode.TIMEOUT,
+                                      message=f"the {service} service did not answer in {timeout:g}s")) from exc
+        value = reply_type.validate_json(reply.data)
+        if isinstance(value, BusError):
+            raise BusFailure(value)
+        return value
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        with contextlib.suppress(Exception):
+            await self.nc.close()
+
+
+class Outbox(Generic[T, F]):
+    """Items for one subject, sent together as one frame.
+
+    ``put`` never waits. An urgent item (the first tokens of a generation: what its time to
+    first token depends on) goes out on the next loop iteration, with whatever else waits.
+    Other items go out at once too when the last frame left more than ``window`` seconds ago
+    (an engine producing a token every few milliseconds is never delayed); when they come
+    faster, at most one frame per ``window`` carries everything put in the meantime, from
+    every request: the cost per message stops growing with the number of tokens."""
+
+    def __init__(self, bus: Bus, subject: str, frame: Callable[[list[T]], F], *,
+                 window: float = 0.0) -> None:
+        self.bus = bus
+        self.subject = subject
+        self._frame = frame
+        self._window = window
+        self._timer: asyncio.TimerHandle | None = None
+        self._items: list[T] = []
+        self._ready = asyncio.Event()
+        self._scheduled = False
+        self._last = 0.0  # loop time of the last frame
+        self._task: asyncio.Task[None] | None = None
+        self.frames = 0
+
+    def put(self, item: T, *, urgent: bool = False) -> None:
+        self._items.append(item)
+        if self._scheduled and not (urgent and self._timer is not None):
+            return
+        self._scheduled = True
+        loop = asyncio.get_running_loop()
+        if self._task is None:
+            self._task = loop.create_task(self._run(), name=f"outbox {self.subject}")
+        wait = 0.0 if urgent else self._last + self._window - loop.time()
+        if wait > 0:
+            self._timer = loop.call_later(wait, self._ready.set)
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._ready.set()
+
+    @property
+    def pending(self) -> int:
+        return len(self._items)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            self._scheduled = False
+            self._timer = None
+            self._last = loop.time()
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self._items:
+            return
+        items, self._items = self._items, []
+        self.frames += 1
+        try:
+            await self.bus.publish(self.subject, self._frame(items))
+        except Exception:  # noqa: BLE001 - the bus is down: the receiver's recovery takes over
+            log.warning("sending %d item(s) to %s failed", len(items), self.subject, exc_info=True)
+
+    async def close(self) -> None:
+        await self.flush()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+
+class Outboxes(Generic[T, F]):
+    """One ``Outbox`` per destination subject, created on first use."""
+
+    def __init__(self, bus: Bus, frame: Callable[[list[T]], F], *, window: float = 0.0) -> None:
+        self.bus = bus
+        self._frame = frame
+        self._window = window
+        self._boxes: dict[str, Outbox[T, F]] = {}
+
+    def put(self, subject: str, item: T, *, urgent: bool = False) -> None:
+        box = self._boxes.get(subject)
+        if box is None:
+            box = self._boxes[subject] = Outbox(self.bus, subject, self._frame, window=self._window)
+        box.put(item, urgent=urgent)
+
+    async def forget(self, subject: str) -> None:
+        """A destination that died: drop its box."""
+        box = self._boxes.pop(subject, None)
+        if box is not None:
+            box._items.clear()
+            await box.close()
+
+    async def close(self) -> None:
+        for box in list(self._boxes.values()):
+            await box.close()

@@ -104,47 +104,64 @@ def wait_for_port(host: str, port: int, proc: ManagedProcess, timeout: float = 1
     raise TimeoutError(f"{proc.name} did not listen on {host}:{port} within {timeout}s")
 
 
-def start_nats(port: int | None = None, log_path: Path | None = None) -> tuple[ManagedProcess, str]:
+REDIS_MAXMEMORY = "512mb"
+
+
+def _data_dir(data_dir: Path | None, kind: str, proc: ManagedProcess) -> str:
+    """A directory for a server's data: kept (``data_dir``) or thrown away with the process."""
+    if data_dir is not None:
+        path = data_dir / kind
+        path.mkdir(parents=True, exist_ok=True)
+        return str(path)
+    temporary = tempfile.TemporaryDirectory(prefix=f"chorus-{kind}-")
+    proc.tempdirs.append(temporary)
+    return temporary.name
+
+
+def start_nats(port: int | None = None, log_path: Path | None = None, *,
+               data_dir: Path | None = None) -> tuple[ManagedProcess, str]:
+    """nats-server with JetStream, listening on loopback only."""
     port = port or free_port()
-    store = tempfile.TemporaryDirectory(prefix="chorus-nats-")
-    proc = ManagedProcess(
-        "nats-server",
-        [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", store.name],
-    )
-    proc.tempdirs.append(store)
+    proc = ManagedProcess("nats-server", [])
+    store = _data_dir(data_dir, "nats", proc)
+    proc.args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", store]
     proc.start(log_path)
     wait_for_port("127.0.0.1", port, proc)
     return proc, f"nats://127.0.0.1:{port}"
 
 
-def start_redis(port: int | None = None, log_path: Path | None = None) -> tuple[ManagedProcess, str]:
+def start_redis(port: int | None = None, log_path: Path | None = None, *,
+                data_dir: Path | None = None) -> tuple[ManagedProcess, str]:
+    """redis-server on loopback only, persisting to an append-only file (a restart loses
+    nothing), its memory bounded: with ``noeviction`` a full Redis refuses writes (a clear 503
+    storage_unavailable) rather than silently dropping stored responses, which expire by TTL."""
     port = port or free_port()
-    workdir = tempfile.TemporaryDirectory(prefix="chorus-redis-")
-    proc = ManagedProcess(
-        "redis-server",
-        [
-            redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", workdir.name,
-        ],
-    )
-    proc.tempdirs.append(workdir)
+    proc = ManagedProcess("redis-server", [])
+    workdir = _data_dir(data_dir, "redis", proc)
+    proc.args = [
+        redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
+        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+        "--maxmemory", REDIS_MAXMEMORY, "--maxmemory-policy", "noeviction",
+    ]
     proc.start(log_path)
     wait_for_port("127.0.0.1", port, proc)
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
-def ensure_nats(url: str, log_path: Path | None = None) -> tuple[ManagedProcess | None, str]:
+def ensure_nats(url: str, log_path: Path | None = None, *,
+                data_dir: Path | None = None) -> tuple[ManagedProcess | None, str]:
     """Use the NATS at ``url`` if it answers, else start one (on that port when local)."""
     host, port = url_host_port(url, 4222)
     if port_open(host, port):
         return None, url
     local = host in ("127.0.0.1", "localhost", "::1")
-    return start_nats(port if local else None, log_path)
+    return start_nats(port if local else None, log_path, data_dir=data_dir)
 
 
-def ensure_redis(url: str, log_path: Path | None = None) -> tuple[ManagedProcess | None, str]:
+def ensure_redis(url: str, log_path: Path | None = None, *,
+                 data_dir: Path | None = None) -> tuple[ManagedProcess | None, str]:
     host, port = url_host_port(url, 6379)
     if port_open(host, port):
         return None, url
     local = host in ("127.0.0.1", "localhost", "::1")
-    return start_redis(port if local else None, log_path)
+    return start_redis(port if local else None, log_path, data_dir=data_dir)

@@ -1,4 +1,14 @@
-"""Running a service: a faststream NatsBroker with health answering, until SIGINT/SIGTERM."""
+"""One service instance's life: its bus connection, heartbeat, peers, signals and drain.
+
+    async with Runtime.start(settings, "encoder", stop=stop) as rt:
+        await rt.bus.subscribe(...)
+        rt.load = lambda: encoder.in_flight
+        await rt.serve(ready=ready, drain=encoder.drain)
+
+``serve`` runs until ``stop`` is set or SIGINT/SIGTERM arrives, then drains: the heartbeat says
+"draining" (peers send nothing new), the queue groups that hand out work are left, and
+``drain`` finishes what the instance holds (bounded by ``drain_timeout_s``). A last heartbeat
+says "stopping", so peers do not wait for a death they would otherwise have to detect."""
 
 from __future__ import annotations
 
@@ -6,14 +16,20 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from faststream.nats import NatsBroker
+from prometheus_client import generate_latest
 
-from contracts.messages.control import Ping, Pong
-from services.common.metrics import serve_metrics
+from contracts.messages.control import MetricsSnapshot
+from services.common.bus import Bus, credentials
+from services.common.heartbeat import Beater, Peers
+from services.common.metrics import REGISTRY
 from services.common.settings import BusSettings
 from services.common.telemetry import setup_tracing
+
+if TYPE_CHECKING:
+    from faststream.nats import NatsBroker
 
 log = logging.getLogger("chorus")
 
@@ -28,11 +44,131 @@ def setup_logging(level: str) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine request / health poll
 
 
+class Runtime:
+    def __init__(self, settings: BusSettings, service: str, bus: Bus, stop: asyncio.Event,
+                 peers: Peers) -> None:
+        self.settings = settings
+        self.service = service
+        self.bus = bus
+        self.stop = stop
+        self.peers = peers
+        self.load: Callable[[], int] = lambda: 0
+        self.ready: Callable[[], tuple[bool, str]] = lambda: (True, "")
+        self.beater = Beater(bus, service, settings.instance_id, interval=settings.heartbeat_interval_s,
+                             load=lambda: self.load(), ready=lambda: self.ready(),
+                             liveness_file=settings.liveness_file)
+        self.draining = False
+        # called after the NATS connection came back (messages may have been lost meanwhile)
+        self.reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def start(
+        cls,
+        settings: BusSettings,
+        service: str,
+        *,
+        stop: asyncio.Event | None = None,
+        watch: tuple[str, ...] = (),
+        nc: Any = None,
+    ) -> AsyncIterator[Runtime]:
+        """Connect (or use the faststream broker's connection ``nc``) and listen to the
+        heartbeats of the services in ``watch``."""
+        setup_tracing(service, settings.otlp_endpoint)
+        peers = Peers(dead_after=settings.dead_after_s)
+        reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
+
+        async def disconnected() -> None:
+            peers.pause()
+
+        async def reconnected() -> None:
+            peers.resume()
+            for callback in reconnect_callbacks:
+                await callback()
+
+        if nc is None:
+            bus = await Bus.connect(settings.nats_url, f"chorus-{service}-{settings.instance_id}",
+                                    settings.subjects, on_disconnect=disconnected,
+                                    on_reconnect=reconnected)
+        else:
+            bus = Bus(nc, settings.subjects)
+        rt = cls(settings, service, bus, stop or asyncio.Event(), peers)
+        rt.reconnect_callbacks = reconnect_callbacks
+        try:
+            if watch:
+                await peers.listen(bus, list(watch))
+            await bus.nc.subscribe(settings.subjects.metrics, cb=rt.answer_metrics)
+            yield rt
+        finally:
+            if nc is None:
+                await bus.close()
+
+    async def answer_metrics(self, msg: Any) -> None:
+        """This instance's metrics for the gateway's /metrics (every instance answers)."""
+        if not msg.reply:
+            return
+        snapshot = MetricsSnapshot(service=self.service, instance=self.settings.instance_id,
+                                   exposition=generate_latest(REGISTRY).decode())
+        with contextlib.suppress(Exception):
+            await self.bus.publish(msg.reply, snapshot)
+
+    @contextlib.asynccontextmanager
+    async def beating(self) -> AsyncIterator[None]:
+        """Heartbeats out and peers' deaths noticed while inside; a last "stopping" beat at
+        the end (for a process whose own server, e.g. uvicorn, owns the signals)."""
+        beating = asyncio.get_running_loop().create_task(self.beater.run())
+        sweeping = asyncio.get_running_loop().create_task(
+            self.peers.run(self.settings.heartbeat_interval_s))
+        try:
+            yield
+        finally:
+            for task in (beating, sweeping):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await self.beater.send(stopping=True)
+            self.beater.clear_liveness()
+
+    async def serve(
+        self,
+        *,
+        ready: asyncio.Event | None = None,
+        drain: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self.stop.set)
+        await self.bus.nc.flush(timeout=5)  # every subscription is on the server now
+        async with self.beating():
+            log.info("%s %s: serving", self.service, self.settings.instance_id)
+            if ready is not None:
+                ready.set()
+            await self.stop.wait()
+            await self._drain(drain)
+
+    async def _drain(self, drain: Callable[[], Awaitable[object]] | None) -> None:
+        self.draining = self.beater.draining = True
+        await self.beater.send()
+        await self.bus.stop_taking_work()
+        if drain is None:
+            return
+        log.info("%s %s: draining (at most %gs)", self.service, self.settings.instance_id,
+                 self.settings.drain_timeout_s)
+        try:
+            async with asyncio.timeout(self.settings.drain_timeout_s):
+                await drain()
+        except TimeoutError:
+            log.warning("%s %s: drain timed out; stopping with work in hand", self.service,
+                        self.settings.instance_id)
+
+
 def make_broker(settings: BusSettings, name: str) -> NatsBroker:
-    """The service's broker; with tracing configured, faststream's telemetry middleware opens a
-    span per handled message, continuing the trace carried in the message headers."""
+    """A faststream broker for the request/reply handlers that stay on faststream (tools);
+    with tracing configured its telemetry middleware continues the trace in each handler."""
+    from faststream.nats import NatsBroker
+
     provider = setup_tracing(name, settings.otlp_endpoint)
-    serve_metrics(settings.metrics_port)
     middlewares = []
     if provider is not None:
         from faststream.nats.opentelemetry import NatsTelemetryMiddleware
@@ -44,49 +180,7 @@ def make_broker(settings: BusSettings, name: str) -> NatsBroker:
         logger=None,
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
+        ping_interval=2,
         middlewares=middlewares,
+        **credentials(),  # type: ignore[arg-type]
     )
-
-
-def add_health(
-    broker: NatsBroker,
-    settings: BusSettings,
-    service: str,
-    ready: Callable[[], tuple[bool, str]] = lambda: (True, ""),
-) -> None:
-    """Answer ``Ping`` on ``{ns}.health.{service}`` (queue group: one replica answers)."""
-
-    @broker.subscriber(settings.subjects.health(service), queue=f"{service}-health")
-    async def _health(_: Ping) -> Pong:
-        ok, detail = ready()
-        return Pong(service=service, instance=settings.instance_id, ready=ok, detail=detail)
-
-
-async def serve(
-    broker: NatsBroker,
-    *,
-    on_start: Callable[[], Awaitable[None]] | None = None,
-    on_stop: Callable[[], Awaitable[None]] | None = None,
-    stop: asyncio.Event | None = None,
-    ready: asyncio.Event | None = None,
-) -> None:
-    """Start the broker, run until ``stop`` is set or SIGINT/SIGTERM, then shut down.
-    ``ready`` is set once every subscription is registered with the server."""
-    stop = stop or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(sig, stop.set)
-    await broker.start()
-    try:
-        await broker.connection.flush()  # the handlers' subscriptions are on the server now
-        if on_start:
-            await on_start()
-        await broker.connection.flush()
-        if ready is not None:
-            ready.set()
-        await stop.wait()
-    finally:
-        if on_stop:
-            await on_stop()
-        await broker.stop()

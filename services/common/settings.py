@@ -22,13 +22,20 @@ class BusSettings(BaseSettings):
     namespace: str = "chorus"
     instance_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
     log_level: str = "INFO"
-    metrics_port: int | None = None  # serve Prometheus metrics on this port (bus-only services)
     otlp_endpoint: str | None = Field(
         default=None,
         validation_alias=AliasChoices(
             "CHORUS_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint"
         ),
     )
+
+    heartbeat_interval_s: float = 0.25  # how often this instance says it is alive
+    dead_after_s: float = 1.2  # a peer unheard for this long is counted dead
+    drain_timeout_s: float = 30.0  # SIGTERM: finish the work in hand for at most this long
+    liveness_file: str | None = None  # touched on every heartbeat (container healthchecks)
+    # messages to one destination that come faster than this (ms) go out together, except
+    # each generation's first tokens (its time to first token)
+    coalesce_window_ms: float = 1.0
 
     @property
     def subjects(self) -> Subjects:

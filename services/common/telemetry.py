@@ -22,6 +22,7 @@ GEN_AI_OPERATION = "gen_ai.operation.name"
 GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
 GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
 GEN_AI_REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+GEN_AI_REQUEST_TOP_P = "gen_ai.request.top_p"
 GEN_AI_RESPONSE_ID = "gen_ai.response.id"
 GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
 GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
@@ -60,3 +61,20 @@ def inject(headers: dict[str, str]) -> dict[str, str]:
 def extract(headers: dict[str, str] | None) -> Any:
     """The trace context carried by incoming NATS headers (for ``start_as_current_span``)."""
     return propagate.extract(headers or {})
+
+
+def carrier_of(span: Any) -> dict[str, str]:
+    """The W3C trace context of ``span``, for a message whose handler continues the trace."""
+    from opentelemetry.trace import set_span_in_context
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=set_span_in_context(span))
+    return carrier
+
+
+def child_span(name: str, parent: Any, **attributes: Any) -> Any:
+    """A span under ``parent`` (a span, or a carrier dict from a message), not made current."""
+    from opentelemetry.trace import set_span_in_context
+
+    context = propagate.extract(parent) if isinstance(parent, dict) else set_span_in_context(parent)
+    return tracer().start_span(name, context=context, attributes=attributes or None)

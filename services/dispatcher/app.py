@@ -1,5 +1,5 @@
-"""The dispatcher service: the only place that wires the broker, the engine HTTP client and
-the dispatcher together."""
+"""The dispatcher service: the only place that wires the bus, the engine client and the
+dispatcher together."""
 
 from __future__ import annotations
 
@@ -7,13 +7,20 @@ import asyncio
 import contextlib
 import logging
 
-from services.common.runtime import add_health, make_broker, serve
-from services.dispatcher.handlers import register
+from pydantic import TypeAdapter
+
+from contracts.messages.control import Cancel
+from contracts.messages.generate import GenerateRequest
+from contracts.subjects import DISPATCHER_QUEUE
+from services.common.runtime import Runtime
 from services.dispatcher.service import Dispatcher
 from services.dispatcher.settings import Settings
 from services.dispatcher.workers import SelectionPolicy
 
 log = logging.getLogger("chorus.dispatcher")
+
+GENERATE: TypeAdapter[GenerateRequest] = TypeAdapter(GenerateRequest)
+CANCEL: TypeAdapter[Cancel] = TypeAdapter(Cancel)
 
 
 async def run(
@@ -24,23 +31,19 @@ async def run(
     policy: SelectionPolicy | None = None,
 ) -> None:
     """Serve until ``stop`` (or a signal); ``ready`` is set once the handlers are subscribed."""
-    async with Dispatcher(settings, policy=policy) as dispatcher:
-        broker = make_broker(settings, "dispatcher")
-        register(broker, settings, dispatcher)
-        add_health(broker, settings, "dispatcher", dispatcher.readiness)
-
-        async def publish(subject: str, data: bytes, headers: dict[str, str]) -> None:
-            await broker.connection.publish(subject, data, headers=headers)
-
-        dispatcher.bind(publish)  # the connection is there before the first request is
-        # answer the first health ping with a real answer: wait (bounded) for the first poll
+    async with Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway",)) as rt, \
+            Dispatcher(settings, policy=policy) as dispatcher:
+        dispatcher.bind(rt.bus)
+        rt.peers.on_death(dispatcher.on_death)
+        subjects = settings.subjects
+        await rt.bus.subscribe(subjects.cancel, CANCEL, dispatcher.on_cancel)
+        await rt.bus.subscribe(subjects.generate, GENERATE, dispatcher.on_generate,
+                               queue=DISPATCHER_QUEUE, takes_work=True)
+        rt.load = lambda: dispatcher.load
+        rt.ready = dispatcher.readiness
+        # report real engine health from the first beat: wait (bounded) for the first poll
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(dispatcher.health_checked.wait(), settings.health_timeout_s + 1)
-
-        async def started() -> None:
-            log.info("dispatcher %s: engines %s", settings.instance_id,
-                     ", ".join(f"{w.kind}={w.url}" for w in dispatcher.workers) or "none")
-            if ready is not None:
-                ready.set()
-
-        await serve(broker, on_start=started, on_stop=dispatcher.shutdown, stop=stop)
+        log.info("dispatcher %s: engines %s", settings.instance_id,
+                 ", ".join(f"{w.kind}={w.url}" for w in dispatcher.workers) or "none")
+        await rt.serve(ready=ready, drain=dispatcher.drain)

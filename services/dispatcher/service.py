@@ -1,10 +1,12 @@
-"""The dispatcher's state and behaviour, independent of the bus framework.
+"""The dispatcher's state and behaviour, independent of the bus wiring.
 
-``Dispatcher`` owns the shared HTTP client, the engine workers and their health poll, and a
-TaskGroup holding every token stream (a stream outlives the generate handler that started it).
-``generate`` picks a worker, opens the engine stream and returns ``GenerateAccepted`` or a
-``BusError``; ``cancel`` aborts a stream in the engine and ends it with ``finish_reason="abort"``;
-``shutdown`` ends every stream with an error batch while the bus is still up."""
+``Dispatcher`` owns the engine HTTP client (``engines/http.py``), the engine workers and their
+health poll, and a TaskGroup holding every generation it streams. For each ``GenerateRequest``
+it picks a worker, opens the engine stream, tells the owning gateway (``GenerationAccepted`` or
+``GenerationFailed``) and relays the tokens to the generation's parser worker. ``cancel`` aborts
+a generation in the engine; so does the death of its gateway (nobody would read it); draining
+finishes what is streaming; stopping with work in hand ends it as retryable, so the gateway
+continues the generation on another dispatcher."""
 
 from __future__ import annotations
 
@@ -17,12 +19,21 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
-import httpx
-
 from contracts.errors import BusError, ErrorCode
-from contracts.messages.generate import GenerateAccepted, GenerateRequest
-from services.dispatcher.batches import BatchWriter, Publish, relay
+from contracts.messages.control import Cancel
+from contracts.messages.generate import (
+    EventFrame,
+    GatewayEvent,
+    GenerateRequest,
+    GenerationAccepted,
+    GenerationFailed,
+    TokenBatch,
+    TokenFrame,
+)
+from services.common.bus import Bus, Outboxes
+from services.dispatcher.batches import BatchWriter, merge, relay
 from services.dispatcher.engines.base import EngineFailure
+from services.dispatcher.engines.http import EngineHttp
 from services.dispatcher.engines.stream import EngineStream, open_stream
 from services.dispatcher.settings import Settings
 from services.dispatcher.workers import (
@@ -36,20 +47,17 @@ from services.dispatcher.workers import (
 
 log = logging.getLogger("chorus.dispatcher")
 
-# A cancel can overtake its generate request inside this process (concurrent handlers): one
-# heard this recently refuses the request. Short, so a later retry under the same id works.
 RECENT_CANCELS = 4096
-RECENT_CANCEL_TTL_S = 2.0
+Ending = Literal["cancel", "orphaned", "shutdown"]
 
 
 @dataclass(eq=False)
 class Active:
-    """A request this dispatcher is streaming (or still opening)."""
+    """A generation this dispatcher is streaming (or still opening)."""
 
     request: GenerateRequest
     task: asyncio.Task[None] | None = None
-    started: bool = False  # the task has run: cancelling it now reaches its handlers
-    ending: Literal["cancel", "shutdown"] | None = None
+    ending: Ending | None = None
 
 
 class Dispatcher:
@@ -69,25 +77,26 @@ class Dispatcher:
         )
         self.active: dict[str, Active] = {}
         self.health_checked = asyncio.Event()
-        self._recent_cancels: OrderedDict[str, float] = OrderedDict()  # id -> monotonic time
-        self._publish: Publish | None = None
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._stop = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._stack = contextlib.AsyncExitStack()
         self._tg: asyncio.TaskGroup | None = None
-        self.client: httpx.AsyncClient | None = None
+        self.http: EngineHttp | None = None
+        self._tokens: Outboxes[TokenBatch, TokenFrame] | None = None
+        self._events: Outboxes[GatewayEvent, EventFrame] | None = None
+        self.bus: Bus | None = None
 
     # lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Dispatcher:
         s = self.settings
-        self.client = await self._stack.enter_async_context(httpx.AsyncClient(
-            timeout=httpx.Timeout(s.read_timeout_s, connect=s.connect_timeout_s, pool=s.accept_timeout_s),
-            limits=httpx.Limits(max_connections=s.max_connections,
-                                max_keepalive_connections=s.max_connections),
-        ))
+        self.http = EngineHttp(connect_timeout=s.connect_timeout_s, max_connections=s.max_connections)
+        self._stack.push_async_callback(self.http.close)
         self._tg = await self._stack.enter_async_context(asyncio.TaskGroup())
         self._stack.push_async_callback(self.shutdown)  # runs before the TaskGroup waits
         self._tg.create_task(poll_health(
-            self.client, self.workers, interval=s.health_interval_s, timeout=s.health_timeout_s,
+            self.http, self.workers, interval=s.health_interval_s, timeout=s.health_timeout_s,
             stop=self._stop, first_done=self.health_checked, retry_interval=s.health_retry_s,
         ))
         return self
@@ -97,53 +106,168 @@ class Dispatcher:
     ) -> bool | None:
         return await self._stack.__aexit__(exc_type, exc, tb)
 
-    def bind(self, publish: Publish) -> None:
-        """Where TokenBatch messages go (the raw NATS client's publish, in the service)."""
-        self._publish = publish
+    def bind(self, bus: Bus) -> None:
+        """Where batches and gateway events go."""
+        self.bus = bus
+        window = self.settings.coalesce_window_ms / 1000
+        self._tokens = Outboxes(bus, lambda items: TokenFrame(batches=merge(items)), window=window)
+        self._events = Outboxes(bus, lambda items: EventFrame(events=items))
 
     def readiness(self) -> tuple[bool, str]:
         return readiness(self.workers)
 
+    @property
+    def load(self) -> int:
+        return len(self.active)
+
+    async def drain(self) -> None:
+        """Finish every generation in hand (the caller bounds how long)."""
+        await self._idle.wait()
+
     async def shutdown(self) -> None:
-        """End every stream (error batch: the dispatcher is stopping) and the health poll."""
+        """End every generation still streaming (retryable: the gateway continues it on
+        another dispatcher), stop the health poll, send what is queued."""
         self._stop.set()
         for active in list(self.active.values()):
             self._end(active, "shutdown")
         tasks = [a.task for a in self.active.values() if a.task is not None]
         if tasks:
             await asyncio.wait(tasks, timeout=self.settings.abort_timeout_s + 1)
+        for outboxes in (self._tokens, self._events):
+            if outboxes is not None:
+                await outboxes.close()
 
-    # requests --------------------------------------------------------------------------
-    async def generate(self, req: GenerateRequest) -> GenerateAccepted | BusError:
-        if self._tg is None or self.client is None or self._publish is None or self._stop.is_set():
-            return BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message="the dispatcher is not running")
-        heard = self._recent_cancels.get(req.request_id)
-        if heard is not None and time.monotonic() - heard < RECENT_CANCEL_TTL_S:
-            return BusError(code=ErrorCode.CANCELLED, message="the request was cancelled")
-        ranked = self.policy.rank(req, self.workers)
-        if not ranked:
-            return BusError(code=ErrorCode.ENGINE_UNAVAILABLE,
-                            message="no engine workers are configured (CHORUS_ENGINES)")
+    # bus handlers ----------------------------------------------------------------------
+    async def on_generate(self, req: GenerateRequest) -> None:
+        """Start streaming ``req`` and return at once."""
+        if self._tg is None or self._stop.is_set():
+            self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher",
+                                             error=BusError(code=ErrorCode.SERVICE_UNAVAILABLE,
+                                                            message="the dispatcher is stopping",
+                                                            retryable=True)))
+            return
+        if req.generation_id in self._cancelled or time.time() > req.deadline:
+            log.info("generation %s: given up before it started; dropped", req.generation_id)
+            return
         active = Active(req)
-        self.active[req.request_id] = active
-        try:
-            opened = await self._open_any(req, ranked)
-        except BaseException:
-            self._forget(active)
-            raise
-        if isinstance(opened, BusError):
-            self._forget(active)
-            return opened
-        worker, stream = opened
-        active.task = self._tg.create_task(self._stream(active, worker, stream))
-        return GenerateAccepted(worker=worker.url, engine=worker.kind)
+        self.active[req.generation_id] = active
+        self._idle.clear()
+        active.task = self._tg.create_task(self._generate(active))
+        # a task cancelled before its first step never runs its body (nor its ``finally``)
+        active.task.add_done_callback(lambda _: self._forget(active))
 
-    async def _open_any(
-        self, req: GenerateRequest, ranked: list[Worker]
-    ) -> tuple[Worker, EngineStream] | BusError:
+    async def on_cancel(self, msg: Cancel) -> None:
+        self._cancelled[msg.generation_id] = None
+        while len(self._cancelled) > RECENT_CANCELS:
+            self._cancelled.popitem(last=False)
+        active = self.active.get(msg.generation_id)
+        if active is not None:
+            self._end(active, "cancel")
+
+    async def on_death(self, service: str, instance: str) -> None:
+        """A gateway died: nobody reads its generations any more."""
+        if service != "gateway":
+            return
+        orphans = [a for a in self.active.values() if a.request.route.gateway == instance]
+        if orphans:
+            log.warning("gateway %s died: aborting its %d generation(s)", instance, len(orphans))
+        for active in orphans:
+            self._end(active, "orphaned")
+
+    # internals -------------------------------------------------------------------------
+    def _end(self, active: Active, why: Ending) -> None:
+        if active.ending is not None:
+            return
+        active.ending = why
+        if active.task is not None:
+            active.task.cancel()
+
+    def _forget(self, active: Active) -> None:
+        if self.active.get(active.request.generation_id) is active:
+            del self.active[active.request.generation_id]
+        if not self.active:
+            self._idle.set()
+
+    def _tell(self, req: GenerateRequest, event: GatewayEvent) -> None:
+        assert self._events is not None and self.bus is not None
+        self._events.put(self.bus.subjects.gateway_events(req.route.gateway), event)
+
+    def _writer(self, req: GenerateRequest) -> BatchWriter:
+        assert self._tokens is not None and self.bus is not None
+        subject = self.bus.subjects.parser_tokens(req.route.parser)
+        tokens = self._tokens
+        return BatchWriter(lambda batch, urgent: tokens.put(subject, batch, urgent=urgent), req)
+
+    async def _generate(self, active: Active) -> None:
+        """Open, relay, end; never raises (the TaskGroup would cancel its siblings)."""
+        req = active.request
+        writer = self._writer(req)
+        worker: Worker | None = None
+        stream: EngineStream | None = None
+        try:
+            opened = await self._open_any(req)
+            if isinstance(opened, BusError):
+                self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher",
+                                                 error=opened))
+                return
+            worker, stream = opened
+            self._tell(req, GenerationAccepted(
+                generation_id=req.generation_id, dispatcher=self.settings.instance_id,
+                worker=worker.url, engine=worker.kind,
+                prompt_tokens=len(req.prompt_token_ids), render_ms=req.render_ms))
+            writer.open()
+            await relay(stream, writer)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            await self._ended(active, worker, stream, writer)
+        except Exception:  # noqa: BLE001 - a bug here ends this generation, not the service
+            log.exception("generation %s failed in the dispatcher", req.generation_id)
+            error = BusError(code=ErrorCode.INTERNAL, message="the dispatcher failed", retryable=True)
+            if writer.opened:
+                writer.fail(error)
+            else:
+                self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher",
+                                                 error=error))
+        finally:
+            if worker is not None:
+                worker.in_flight -= 1
+            if stream is not None:
+                stream.close()
+            self._forget(active)
+
+    async def _ended(self, active: Active, worker: Worker | None, stream: EngineStream | None,
+                     writer: BatchWriter) -> None:
+        """Cancelled, orphaned or shutting down: abort in the engine, then the last batch."""
+        req = active.request
+        if worker is not None and self.http is not None:
+            if stream is not None:
+                stream.close()  # vLLM: this is the abort
+            try:
+                await worker.adapter.abort(self.http, worker.url, req.generation_id,
+                                           self.settings.abort_timeout_s)
+            except Exception:  # noqa: BLE001 - the final batch matters more
+                log.warning("aborting %s at %s failed", req.generation_id, worker.url, exc_info=True)
+        if not writer.opened:
+            return  # the parser has no session for it: nothing to end
+        if active.ending == "shutdown":
+            writer.fail(BusError(code=ErrorCode.SERVICE_UNAVAILABLE,
+                                 message="the dispatcher stopped", retryable=True))
+        else:
+            writer.final("abort")
+
+    async def _open_any(self, req: GenerateRequest) -> tuple[Worker, EngineStream] | BusError:
         """The first worker (in policy order) whose engine takes the request; connection
         failures move on to the next, other failures are the answer."""
-        assert self.client is not None
+        assert self.http is not None
+        ranked = self.policy.rank(req, self.workers)
+        if req.resume_tokens:
+            ranked = [w for w in ranked if w.adapter.resumable]
+        if not ranked:
+            reason = ("no engine worker can continue an interrupted output" if req.resume_tokens
+                      else "no engine workers are configured (CHORUS_ENGINES)")
+            return BusError(code=ErrorCode.ENGINE_UNAVAILABLE, message=reason)
         deadline = time.monotonic() + self.settings.accept_timeout_s
         failures: list[str] = []
         for worker in ranked:
@@ -152,92 +276,23 @@ class Dispatcher:
                 break
             worker.in_flight += 1
             try:
-                stream = await open_stream(
-                    self.client, worker.url, worker.adapter, req, accept_timeout=remaining
-                )
-            except BaseException as exc:
+                stream = await open_stream(self.http, worker.url, worker.adapter, req,
+                                           accept_timeout=remaining,
+                                           read_timeout=self.settings.read_timeout_s)
+            except EngineFailure as exc:
                 worker.in_flight -= 1
-                if not isinstance(exc, EngineFailure):
-                    raise
                 if not exc.retryable:
                     return exc.error
                 worker.mark_down(exc.error.message)
                 failures.append(exc.error.message)
                 continue
+            except BaseException:
+                worker.in_flight -= 1
+                raise
             worker.mark_up()
             return worker, stream
-        return BusError(
-            code=ErrorCode.ENGINE_UNAVAILABLE,
-            message="no engine worker could take the request: " + "; ".join(failures or ["timed out"]),
-        )
-
-    def cancel(self, request_id: str) -> bool:
-        """Abort the request if this dispatcher owns it (every dispatcher hears every cancel)."""
-        self._recent_cancels[request_id] = time.monotonic()
-        self._recent_cancels.move_to_end(request_id)
-        while len(self._recent_cancels) > RECENT_CANCELS:
-            self._recent_cancels.popitem(last=False)
-        active = self.active.get(request_id)
-        if active is None:
-            return False
-        self._end(active, "cancel")
-        return True
-
-    # internals -------------------------------------------------------------------------
-    def _end(self, active: Active, why: Literal["cancel", "shutdown"]) -> None:
-        if active.ending is not None:
-            return
-        active.ending = why
-        if active.task is not None and active.started:
-            active.task.cancel()  # else the task sees ``ending`` when it starts
-
-    def _forget(self, active: Active) -> None:
-        if self.active.get(active.request.request_id) is active:
-            del self.active[active.request.request_id]
-
-    async def _stream(self, active: Active, worker: Worker, stream: EngineStream) -> None:
-        """Relay one engine stream; never raises (the TaskGroup would cancel its siblings)."""
-        assert self._publish is not None and self.client is not None
-        active.started = True
-        writer = BatchWriter(self._publish, active.request)
-        try:
-            if active.ending is None:
-                await relay(stream, writer)
-            else:  # cancelled while the engine was answering
-                await self._finish_ended(active, worker, stream, writer)
-        except asyncio.CancelledError:
-            if active.ending is None:
-                raise
-            task = asyncio.current_task()
-            if task is not None:
-                task.uncancel()
-            await self._finish_ended(active, worker, stream, writer)
-        except Exception as exc:
-            log.exception("stream %s from %s failed", active.request.request_id, worker.url)
-            with contextlib.suppress(Exception):
-                await writer.fail(BusError(code=ErrorCode.INTERNAL,
-                                           message=f"dispatcher error: {type(exc).__name__}"))
-        finally:
-            worker.in_flight -= 1
-            self._forget(active)
-            with contextlib.suppress(Exception):
-                await stream.aclose()
-
-    async def _finish_ended(
-        self, active: Active, worker: Worker, stream: EngineStream, writer: BatchWriter
-    ) -> None:
-        """Cancelled or shutting down: abort in the engine, then the last batch."""
-        assert self.client is not None
-        request_id = active.request.request_id
-        try:
-            await stream.aclose()  # vLLM: this is the abort
-            await worker.adapter.abort(
-                self.client, worker.url, request_id, self.settings.abort_timeout_s
-            )
-        except Exception:  # noqa: BLE001 - the final batch matters more
-            log.warning("aborting %s at %s failed", request_id, worker.url, exc_info=True)
-        if active.ending == "cancel":
-            await writer.final("abort")
-        else:
-            await writer.fail(BusError(code=ErrorCode.SERVICE_UNAVAILABLE,
-                                       message="the dispatcher is shutting down"))
+        if failures:
+            log.warning("generation %s: no engine worker took it: %s", req.generation_id, "; ".join(failures))
+        return BusError(code=ErrorCode.ENGINE_UNAVAILABLE, retryable=False,
+                        message="no engine worker could take the request: "
+                                + "; ".join(failures or ["timed out"]))

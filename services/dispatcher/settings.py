@@ -20,16 +20,18 @@ class Settings(BusSettings):
     # Env CHORUS_ENGINES: a JSON list or comma-separated.
     engines: Annotated[list[str], NoDecode] = []
     connect_timeout_s: float = 3.0
-    accept_timeout_s: float = 8.0  # until the engine answers with a status (under the bus timeout)
+    accept_timeout_s: float = 8.0  # until the engine answers with a status
     read_timeout_s: float = 120.0  # between two chunks of an engine stream
     abort_timeout_s: float = 2.0  # SGLang POST /abort_request
     health_interval_s: float = 3.0
     health_retry_s: float = 0.5  # while a worker is down
     health_timeout_s: float = 2.0
     sglang_stream_mode: StreamMode = "auto"
-    sglang_default_max_tokens: int = 131072  # SGLang defaults to 128; it clips to the context
-    max_connections: int = 512  # shared HTTP client pool, all workers
-    handler_workers: int = 256  # generate requests accepted concurrently
+    # SGLang's budget when the client set none. 0: null, which SGLang's scheduler clips to the
+    # room left in the context. A number is sent as is: SGLang refuses (400) any request whose
+    # prompt + max_new_tokens reaches the context length (its own default would be 128).
+    sglang_default_max_tokens: int = 0
+    max_connections: int = 1024  # engine answers in hand at once, all workers (more wait)
 
     @field_validator("engines", mode="before")
     @classmethod

@@ -14,11 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import httpx
-
 from contracts.messages.generate import GenerateRequest
 from services.dispatcher.engines import make_adapter
 from services.dispatcher.engines.base import EngineAdapter
+from services.dispatcher.engines.http import EngineHttp, HttpError
 from services.dispatcher.engines.sglang import Mode
 
 log = logging.getLogger("chorus.dispatcher.workers")
@@ -49,7 +48,7 @@ class Worker:
 
 
 def parse_workers(
-    specs: Sequence[str], *, sglang_mode: Mode = "auto", sglang_default_max_tokens: int = 131072
+    specs: Sequence[str], *, sglang_mode: Mode = "auto", sglang_default_max_tokens: int | None = None
 ) -> list[Worker]:
     """Workers from "KIND=URL" specs; ``sglang+incremental=URL`` pins a worker's stream mode."""
     workers = []
@@ -87,23 +86,23 @@ class RoundRobin:
         return usable or rotated
 
 
-async def probe(client: httpx.AsyncClient, worker: Worker, timeout: float) -> None:
+async def probe(http: EngineHttp, worker: Worker, timeout: float) -> None:
     """One ``GET /health``: up on 200, down otherwise."""
+    # OpenAI-compatible upstreams (hosted providers, llama.cpp) need not have /health
+    path = "/v1/models" if worker.kind in ("openai", "openai-chat") else "/health"
     try:
-        # OpenAI-compatible upstreams (hosted providers, llama.cpp) need not have /health
-        path = "/v1/models" if worker.kind in ("openai", "openai-chat") else "/health"
-        resp = await client.get(f"{worker.url}{path}", timeout=timeout)
-    except httpx.HTTPError as exc:
-        worker.mark_down(f"health check failed: {type(exc).__name__}")
+        status, _ = await http.request("GET", f"{worker.url}{path}", timeout=timeout)
+    except HttpError as exc:
+        worker.mark_down(f"health check failed: {type(exc).__name__}: {exc}")
         return
-    if resp.status_code == 200:
+    if status == 200:
         worker.mark_up()
     else:
-        worker.mark_down(f"health check answered HTTP {resp.status_code}")
+        worker.mark_down(f"health check answered HTTP {status}")
 
 
 async def poll_health(
-    client: httpx.AsyncClient,
+    http: EngineHttp,
     workers: Sequence[Worker],
     *,
     interval: float,
@@ -117,7 +116,7 @@ async def poll_health(
     while not stop.is_set():
         async with asyncio.TaskGroup() as tg:
             for worker in workers:
-                tg.create_task(probe(client, worker, timeout))
+                tg.create_task(probe(http, worker, timeout))
         if first_done is not None:
             first_done.set()
         wait = interval

@@ -1,20 +1,37 @@
-"""The encoder service: renders conversations into Harmony prompt token ids."""
+"""The encoder service: renders conversations into Harmony prompt token ids and passes each
+generation on to the dispatchers. The only place that wires the bus and the encoder."""
 
 from __future__ import annotations
 
 import asyncio
 
+from pydantic import TypeAdapter
+
+from contracts.messages.control import Cancel
+from contracts.messages.generate import GenerateJob
+from contracts.subjects import ENCODER_QUEUE
 from services.common.harmony import harmony_encoding
-from services.common.runtime import add_health, make_broker, serve
-from services.encoder.handlers import register
+from services.common.runtime import Runtime
+from services.encoder.service import Encoder
 from services.encoder.settings import Settings
+
+JOB: TypeAdapter[GenerateJob] = TypeAdapter(GenerateJob)
+CANCEL: TypeAdapter[Cancel] = TypeAdapter(Cancel)
 
 
 async def run(
     settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None
 ) -> None:
-    harmony_encoding()  # load the vocabulary before answering anything
-    broker = make_broker(settings, "encoder")
-    register(broker, settings)
-    add_health(broker, settings, "encoder")
-    await serve(broker, stop=stop, ready=ready)
+    harmony_encoding()  # load the vocabulary before taking any work
+    async with Runtime.start(settings, "encoder", stop=stop) as rt:
+        encoder = Encoder(settings, rt.bus)
+        encoder.start_pool()
+        try:
+            subjects = settings.subjects
+            await rt.bus.subscribe(subjects.cancel, CANCEL, encoder.on_cancel)
+            await rt.bus.subscribe(subjects.jobs, JOB, encoder.on_job, queue=ENCODER_QUEUE,
+                                   takes_work=True)
+            rt.load = lambda: encoder.in_flight
+            await rt.serve(ready=ready, drain=encoder.drain)
+        finally:
+            encoder.close()

@@ -6,8 +6,12 @@ carrying the ``BusError`` to send back."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import time
-from collections.abc import Iterable
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from openai_harmony import (
     Author,
@@ -18,13 +22,15 @@ from openai_harmony import (
     ReasoningEffort,
     Role,
     SystemContent,
+    TextContent,
     ToolDescription,
     ToolNamespaceConfig,
 )
 
 from contracts.errors import BusError, ErrorCode
-from contracts.messages.encode import EncodedPrompt, EncodeRequest, FunctionTool, NamedToolChoice
+from contracts.messages.encode import EncodeRequest, FunctionTool, NamedToolChoice, ResponseFormat
 from contracts.messages.items import (
+    CompactionItem,
     ConversationItem,
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -32,11 +38,20 @@ from contracts.messages.items import (
     MessageItem,
     ReasoningItem,
 )
-from services.common.harmony import ASSISTANT_STOP_TOKENS
+from services.common.harmony import ASSISTANT_STOP_TOKENS, MESSAGE, START
+from services.common.tokens import encode_text
 
 _EFFORT = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
 JSON_CONTENT_TYPE = "<|constrain|>json"
 REQUIRED_TOOL_INSTRUCTION = "You must call at least one of the available tools before giving a final answer."
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedPrompt:
+    token_ids: list[int]
+    stop_token_ids: list[int]
+    selection_text: str  # the last user message's text, for worker selection
+    render_ms: float = 0.0
 
 
 class RenderError(Exception):
@@ -73,6 +88,10 @@ def developer_message(req: EncodeRequest) -> Message | None:
         item.content for item in req.items
         if isinstance(item, MessageItem) and item.role in ("system", "developer") and item.content
     ]
+    instructions += [  # compacted history: what the model knows of the conversation before it
+        f"Summary of the conversation so far:\n\n{item.summary}"
+        for item in req.items if isinstance(item, CompactionItem) and item.summary
+    ]
     tools = list(req.tools)
     namespaces = list(req.namespaces)
     choice = req.tool_choice
@@ -87,7 +106,7 @@ def developer_message(req: EncodeRequest) -> Message | None:
                            "offered tools.", "tool_choice")
         namespaces = []
         instructions.append(f"You must call the tool `functions.{choice.name}` before giving a final answer.")
-    if not (instructions or tools or namespaces):
+    if not (instructions or tools or namespaces or req.response_format):
         return None
     content = DeveloperContent.new()
     if instructions:
@@ -100,6 +119,30 @@ def developer_message(req: EncodeRequest) -> Message | None:
     return Message.from_role_and_content(Role.DEVELOPER, content)
 
 
+def response_formats_section(fmt: ResponseFormat) -> str:
+    """The "# Response Formats" section that ends the developer message (openai/harmony
+    docs/format.md, "Structured output"): the format's name, its description as ``//`` lines,
+    the JSON schema."""
+    lines = ["# Response Formats", "", f"## {fmt.name}", ""]
+    if fmt.description:
+        lines += [f"// {line}".rstrip() for line in fmt.description.splitlines()]
+    lines.append(json.dumps(fmt.json_schema, ensure_ascii=False, separators=(",", ":")))
+    return "\n".join(lines)
+
+
+def with_response_formats(tokens: list[int], encoding: HarmonyEncoding, fmt: ResponseFormat) -> list[int]:
+    """The rendered system and developer messages with the response formats section at the end
+    of the developer message (the last message). openai-harmony 0.0.8 cannot render it
+    (DeveloperContent has instructions and tools only), so the section joins the developer
+    text as harmony joins its own sections ("\\n\\n") and the whole text is encoded again: the
+    tokens where they meet are those of one text, as a renderer with the section would give."""
+    start = len(tokens) - 1 - tokens[::-1].index(MESSAGE)
+    text = encoding.decode_utf8(tokens[start + 1 : -1])
+    section = response_formats_section(fmt)
+    text = f"{text}\n\n{section}" if text else section
+    return [*tokens[: start + 1], *encode_text(encoding, text), tokens[-1]]
+
+
 def _recipient(namespace: str, name: str) -> str:
     if namespace == name or not name:  # e.g. the python built-in
         return namespace
@@ -108,7 +151,7 @@ def _recipient(namespace: str, name: str) -> str:
 
 def _call(recipient: str, arguments: str) -> Message:
     return (
-        Message.from_role_and_content(Role.ASSISTANT, arguments or "{}")
+        Message.from_role_and_content(Role.ASSISTANT, arguments)
         .with_channel("commentary")
         .with_recipient(recipient)
         .with_content_type(JSON_CONTENT_TYPE)
@@ -134,40 +177,72 @@ def _kept(items: list[ConversationItem]) -> list[ConversationItem]:
 
 
 def conversation_messages(req: EncodeRequest, today: dt.date, knowledge_cutoff: str) -> list[Message]:
+    """The whole Harmony conversation (the reference rendering, and tests, use it). A response
+    format is not among its messages: openai-harmony cannot express it (``prefix_tokens``)."""
+    prefix = prefix_messages(req, today, knowledge_cutoff)
+    return [*prefix, *(_with_content(m, text) for m, text in body_messages(req))]
+
+
+def prefix_messages(req: EncodeRequest, today: dt.date, knowledge_cutoff: str) -> list[Message]:
+    """The system message and the developer message (instructions, tools), if any."""
     messages = [system_message(req, today, knowledge_cutoff)]
     developer = developer_message(req)
     if developer is not None:
         messages.append(developer)
+    return messages
+
+
+def prefix_tokens(
+    req: EncodeRequest, encoding: HarmonyEncoding, today: dt.date, knowledge_cutoff: str
+) -> list[int]:
+    """The system and developer messages as token ids, response formats included."""
+    messages = prefix_messages(req, today, knowledge_cutoff)
+    tokens = list(encoding.render_conversation(Conversation.from_messages(messages)))
+    if req.response_format is not None:
+        tokens = with_response_formats(tokens, encoding, req.response_format)
+    return tokens
+
+
+def body_messages(req: EncodeRequest) -> list[tuple[Message, str]]:
+    """The conversation after the developer message: each message with EMPTY content, and its
+    content text (rendered separately, in linear time)."""
+    messages: list[tuple[Message, str]] = []
     recipients: dict[str, str] = {}  # call_id -> recipient, for tool outputs
     for item in _kept(list(req.items)):
         if isinstance(item, MessageItem):
             if item.role == "user":
-                messages.append(Message.from_role_and_content(Role.USER, item.content))
+                messages.append((Message.from_role_and_content(Role.USER, ""), item.content))
             elif item.role == "assistant":
-                messages.append(Message.from_role_and_content(Role.ASSISTANT, item.content)
-                                .with_channel(item.channel or "final"))
+                messages.append((Message.from_role_and_content(Role.ASSISTANT, "")
+                                 .with_channel(item.channel or "final"), item.content))
             # system / developer items went into the developer message
         elif isinstance(item, ReasoningItem):
             if item.text:
-                messages.append(Message.from_role_and_content(Role.ASSISTANT, item.text).with_channel("analysis"))
+                messages.append((Message.from_role_and_content(Role.ASSISTANT, "").with_channel("analysis"),
+                                 item.text))
         elif isinstance(item, FunctionCallItem):
             recipient = _recipient(item.namespace, item.name)
             recipients[item.call_id] = recipient
-            messages.append(_call(recipient, item.arguments))
+            messages.append((_call(recipient, ""), item.arguments or "{}"))
         elif isinstance(item, FunctionCallOutputItem):
             author = recipients.get(item.call_id)
             if author is None:
                 raise _invalid(f"No tool call found for function call output with call_id "
                                f"'{item.call_id}'.", "input")
-            messages.append(_tool_output(author, item.output))
+            messages.append((_tool_output(author, ""), item.output))
         elif isinstance(item, McpCallItem):
             recipient = _recipient(item.server_label, item.name)
-            messages.append(_call(recipient, item.arguments))
+            messages.append((_call(recipient, ""), item.arguments or "{}"))
             result = item.output if item.error is None else f"Error: {item.error}"
             if result is not None:
-                messages.append(_tool_output(recipient, result))
+                messages.append((_tool_output(recipient, ""), result))
         # mcp_list_tools and approval items are bookkeeping, not prompt text
     return messages
+
+
+def _with_content(message: Message, text: str) -> Message:
+    message.content = [TextContent(text=text)]
+    return message
 
 
 def selection_text(items: Iterable[ConversationItem]) -> str:
@@ -178,20 +253,95 @@ def selection_text(items: Iterable[ConversationItem]) -> str:
     return last
 
 
+MIN_CACHED_CHARS = 64  # shorter contents encode faster than a cache entry costs
+
+
+class Renderer:
+    """Prompt token ids for a request. The system and developer messages are rendered by
+    openai-harmony and cached (they repeat across requests: only the conversation differs);
+    each later message is its rendered header and terminator with its content encoded in
+    between, in time linear in its length, and contents seen before come from a cache (so a
+    continuation encodes only its new messages). The result equals
+    ``render_conversation_for_completion`` of the same conversation (a test checks)."""
+
+    def __init__(self, encoding: HarmonyEncoding, knowledge_cutoff: str = "2024-06", cache_size: int = 256,
+                 text_budget: int = 16_000_000) -> None:
+        self.enc = encoding
+        self.cutoff = knowledge_cutoff
+        self.cache_size = cache_size
+        self._prefixes: OrderedDict[str, list[int]] = OrderedDict()
+        self._frames: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
+        # message contents already encoded, by text (an agent loop re-sends its whole history
+        # each turn: only the new messages are encoded), at most ``text_budget`` characters
+        self._texts: OrderedDict[str, array[int]] = OrderedDict()  # 4 bytes a token
+        self._text_chars = 0
+        self.text_budget = text_budget
+        self._assistant = [START, *encoding.encode("assistant", disallowed_special=())]
+
+    def render(self, req: EncodeRequest, today: dt.date) -> EncodedPrompt:
+        t0 = time.perf_counter()
+        tokens = list(self.prefix(req, today))
+        for message, text in body_messages(req):
+            tokens += self.message(message, text)
+        tokens += self._assistant
+        return EncodedPrompt(
+            token_ids=tokens,
+            stop_token_ids=list(ASSISTANT_STOP_TOKENS),
+            selection_text=selection_text(req.items),
+            render_ms=(time.perf_counter() - t0) * 1000,
+        )
+
+    def prefix(self, req: EncodeRequest, today: dt.date) -> list[int]:
+        # every field but the conversation (instructions, tools, tool choice, effort, response
+        # format, date), and the system/developer items and compaction summaries that join the
+        # instructions
+        key = req.model_dump_json(exclude={"items", "model"}) + "|" + today.isoformat() + "|" + "\x00".join(
+            i.content if isinstance(i, MessageItem) else i.summary for i in req.items
+            if isinstance(i, MessageItem) and i.role in ("system", "developer") or isinstance(i, CompactionItem))
+        cached = self._prefixes.get(key)
+        if cached is not None:
+            self._prefixes.move_to_end(key)
+            return cached
+        try:
+            tokens = prefix_tokens(req, self.enc, today, self.cutoff)
+        except RenderError:
+            raise
+        except Exception as exc:  # openai-harmony rejects what it cannot render
+            raise _invalid(f"The instructions or tools cannot be rendered as Harmony: {exc}", "tools") from exc
+        self._prefixes[key] = tokens
+        if len(self._prefixes) > self.cache_size:
+            self._prefixes.popitem(last=False)
+        return tokens
+
+    def message(self, message: Message, text: str) -> list[int]:
+        """One message: its header and terminator (cached per header), its content between."""
+        key = message.to_json()
+        frame = self._frames.get(key)
+        if frame is None:
+            rendered = self.enc.render(message)
+            frame = self._frames[key] = (rendered[:-1], rendered[-1])
+            if len(self._frames) > self.cache_size:
+                self._frames.popitem(last=False)
+        head, terminator = frame
+        return [*head, *self.content(text), terminator]
+
+    def content(self, text: str) -> Sequence[int]:
+        """A message's content as tokens, from the cache when it was encoded before."""
+        cached = self._texts.get(text)
+        if cached is not None:
+            self._texts.move_to_end(text)
+            return cached
+        tokens = encode_text(self.enc, text)
+        if len(text) >= MIN_CACHED_CHARS and len(text) <= self.text_budget // 4:
+            self._texts[text] = array("I", tokens)
+            self._text_chars += len(text)
+            while self._text_chars > self.text_budget:
+                evicted, _ = self._texts.popitem(last=False)
+                self._text_chars -= len(evicted)
+        return tokens
+
+
 def render_prompt(
     req: EncodeRequest, encoding: HarmonyEncoding, today: dt.date, knowledge_cutoff: str = "2024-06"
 ) -> EncodedPrompt:
-    t0 = time.perf_counter()
-    messages = conversation_messages(req, today, knowledge_cutoff)
-    try:
-        token_ids = encoding.render_conversation_for_completion(
-            Conversation.from_messages(messages), Role.ASSISTANT
-        )
-    except Exception as exc:  # openai-harmony rejects a conversation it cannot render
-        raise _invalid(f"The conversation cannot be rendered as Harmony: {exc}", "input") from exc
-    return EncodedPrompt(
-        token_ids=list(token_ids),
-        stop_token_ids=list(ASSISTANT_STOP_TOKENS),
-        selection_text=selection_text(req.items),
-        render_ms=(time.perf_counter() - t0) * 1000,
-    )
+    return Renderer(encoding, knowledge_cutoff).render(req, today)

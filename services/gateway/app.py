@@ -14,113 +14,136 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from contracts.errors import BusError, ErrorCode
 from contracts.subjects import SERVICES
-from services.common import bus
 from services.common.bus import BusFailure
-from services.common.runtime import setup_logging
-from services.common.telemetry import setup_tracing
+from services.common.runtime import Runtime, setup_logging
+from services.gateway import conversations, stack_metrics
 from services.gateway.chat.routes import router as chat_router
 from services.gateway.context import GatewayContext, get_ctx
-from services.gateway.errors import ApiError
-from services.gateway.pipeline import EventRouter, Pipeline
+from services.gateway.errors import STORAGE_DOWN, ApiError, public
+from services.gateway.generation import Generations
+from services.gateway.http import Edge
+from services.gateway.responses import routes as responses
+from services.gateway.sealing import Sealer
 from services.gateway.settings import Settings
+from services.gateway.store import RedisResponseStore
 
 log = logging.getLogger("chorus.gateway")
 
-# every service of the stack must answer ready for /health to be 200
+# every service of the stack must have a ready instance for /health to be 200
 REQUIRED_SERVICES = SERVICES
+WATCHED = SERVICES  # the heartbeats the gateway listens to
 
 
-def _error(error: BusError) -> JSONResponse:
+def _error(request: Request, error: BusError) -> JSONResponse:
+    """An OpenAI-shaped error; the reason also goes into the request's log line."""
+    notes = getattr(request.state, "notes", None)
+    if isinstance(notes, dict):
+        notes["reason"] = error.message[:200]
     return JSONResponse(error.openai_body(), status_code=error.code.http_status)
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Errors with a known cause become their status; anything else is answered by the edge
+    (services/gateway/http.py) without internals and without closing the connection."""
+
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.error)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _error(request, exc.error)
 
     @app.exception_handler(BusFailure)
-    async def _bus_failure(_: Request, exc: BusFailure) -> JSONResponse:
-        return _error(exc.error)
+    async def _bus_failure(request: Request, exc: BusFailure) -> JSONResponse:
+        return _error(request, public(exc.error))
+
+    @app.exception_handler(RedisError)
+    async def _storage(request: Request, exc: RedisError) -> JSONResponse:
+        log.warning("Redis failed: %s", exc)
+        return _error(request, STORAGE_DOWN)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        param = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        return _error(BusError(code=ErrorCode.INVALID_REQUEST,
-                               message=f"Invalid request: {first.get('msg', 'invalid')}", param=param))
+        param = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")) or None
+        return _error(request, BusError(code=ErrorCode.INVALID_REQUEST,
+                                        message=f"Invalid value for '{param}': {first.get('msg', 'invalid')}",
+                                        param=param))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = ErrorCode.NOT_FOUND if exc.status_code == 404 else ErrorCode.INVALID_REQUEST
-        body = BusError(code=code, message=str(exc.detail)).openai_body()
-        return JSONResponse(body, status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unexpected error")
-        return _error(BusError(code=ErrorCode.INTERNAL, message=f"Internal error: {type(exc).__name__}"))
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.INVALID_REQUEST}.get(exc.status_code, ErrorCode.INVALID_REQUEST)
+        error = BusError(code=code, message=str(exc.detail))
+        notes = getattr(request.state, "notes", None)
+        if isinstance(notes, dict):
+            notes["reason"] = error.message
+        return JSONResponse(error.openai_body(), status_code=exc.status_code)
 
 
 def build_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        nc = await bus.connect(settings.nats_url, f"chorus-gateway-{settings.instance_id}")
-        router = EventRouter(nc, settings.subjects.gateway_events(settings.instance_id))
-        await router.start()
-        pipeline = Pipeline(
-            nc, settings.subjects, router,
-            bus_timeout=settings.bus_timeout_s,
-            first_token_timeout=settings.first_token_timeout_s,
-            idle_timeout=settings.idle_timeout_s,
-        )
-        ctx = GatewayContext(settings=settings, pipeline=pipeline)
-        app.state.ctx = ctx
-        await _responses_startup(ctx)
-        try:
-            yield
-        finally:
-            await _responses_shutdown(ctx)
-            await router.stop()
-            await nc.drain()
+        async with Runtime.start(settings, "gateway", watch=WATCHED) as rt, rt.beating():
+            generations = Generations(
+                rt.bus, rt.peers, settings.instance_id,
+                accept_timeout=settings.bus_timeout_s,
+                first_timeout=settings.first_token_timeout_s,
+                idle_timeout=settings.idle_timeout_s,
+            )
+            rt.reconnect_callbacks.append(generations.on_reconnect)
+            await generations.start()
+            await rt.peers.wait_for(WATCHED, timeout=4 * settings.heartbeat_interval_s)
+            store = RedisResponseStore.from_url(settings.redis_url, namespace=settings.namespace,
+                                                ttl_s=settings.response_ttl_s)
+            ctx = GatewayContext(settings=settings, bus=rt.bus, peers=rt.peers, generations=generations,
+                                 store=store)
+            ctx.sealer = await Sealer.from_settings(settings.sealing_keys, store.shared_secret)
+            app.state.ctx = ctx
+            await responses.startup(ctx)
+            try:
+                yield
+            finally:
+                await responses.shutdown(ctx)
+                await generations.stop()
+                await store.close()
 
     app = FastAPI(title="Chorus", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     install_error_handlers(app)
+    app.add_middleware(Edge, api_keys=settings.api_keys, max_body_bytes=settings.max_body_bytes)
     app.include_router(chat_router)
-    _include_responses(app)
+    app.include_router(responses.router)
+    app.include_router(conversations.router)
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
         ctx = get_ctx(request)
-        checks = await asyncio.gather(*(ctx.pipeline.ping(s) for s in REQUIRED_SERVICES),
-                                      return_exceptions=True)
         status: dict[str, Any] = {}
         ok = True
-        for service, result in zip(REQUIRED_SERVICES, checks, strict=True):
-            if isinstance(result, BaseException):
-                ok = False
-                status[service] = {"ready": False, "detail": str(result)}
-            else:
-                ok = ok and result.ready
-                status[service] = {"ready": result.ready, "detail": result.detail}
-        if ctx.store is not None:
-            try:
-                await ctx.store.ping()
-                status["redis"] = {"ready": True}
-            except Exception as exc:  # noqa: BLE001 - reported, not raised
-                ok = False
-                status["redis"] = {"ready": False, "detail": str(exc)}
+        for service in REQUIRED_SERVICES:
+            peers = ctx.peers.alive(service)
+            ready = [p for p in peers if p.beat.ready and not p.beat.draining]
+            ok = ok and bool(ready)
+            detail = "; ".join(p.beat.detail for p in peers if p.beat.detail) or (
+                f"{len(ready)}/{len(peers)} instances ready" if peers else "no instance is running")
+            status[service] = {"ready": bool(ready), "instances": len(peers), "detail": detail}
+        try:
+            await ctx.store.ping()
+            status["redis"] = {"ready": True}
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            ok = False
+            status["redis"] = {"ready": False, "detail": str(exc)}
         return JSONResponse({"status": "ok" if ok else "unavailable", "services": status},
                             status_code=200 if ok else 503)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(request: Request) -> Response:
+        ctx = get_ctx(request)
+        snapshots = await stack_metrics.gather(ctx.bus, ctx.peers, SERVICES, settings.metrics_timeout_s)
+        text = stack_metrics.merge(stack_metrics.own_exposition(), settings.instance_id, snapshots)
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -138,40 +161,8 @@ def _model(model_id: str) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "chorus"}
 
 
-def _include_responses(app: FastAPI) -> None:
-    try:
-        from services.gateway.responses.routes import router as responses_router
-    except ImportError:
-        log.warning("Responses API not available in this build")
-        return
-    app.include_router(responses_router)
-
-
-async def _responses_startup(ctx: GatewayContext) -> None:
-    try:
-        from services.gateway.store import RedisResponseStore
-    except ImportError:
-        return
-    s = ctx.settings
-    ctx.store = RedisResponseStore.from_url(s.redis_url, namespace=s.namespace, ttl_s=s.response_ttl_s)
-    with contextlib.suppress(ImportError, AttributeError):
-        from services.gateway.responses import routes
-
-        await routes.startup(ctx)
-
-
-async def _responses_shutdown(ctx: GatewayContext) -> None:
-    with contextlib.suppress(ImportError, AttributeError):
-        from services.gateway.responses import routes
-
-        await routes.shutdown(ctx)
-    if ctx.store is not None:
-        await ctx.store.close()
-
-
 async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     setup_logging(settings.log_level)
-    setup_tracing("gateway", settings.otlp_endpoint)
     config = uvicorn.Config(
         build_app(settings), host=settings.host, port=settings.port,
         log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5,

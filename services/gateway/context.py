@@ -3,35 +3,43 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from services.gateway.pipeline import Pipeline
+from contracts.errors import BusError, ErrorCode
+from services.common.bus import Bus
+from services.common.heartbeat import Peers
+from services.gateway.errors import ApiError
+from services.gateway.generation import Generations
 from services.gateway.settings import Settings
+from services.gateway.store import ResponseStore
 
 if TYPE_CHECKING:
     from fastapi import Request
+
+    from services.gateway.responses.background import Background
+    from services.gateway.sealing import Sealer
 
 
 @dataclass
 class GatewayContext:
     settings: Settings
-    pipeline: Pipeline
-    store: Any = None  # services.gateway.store.ResponseStore (Redis), set by app.py
-    tools: Any = None  # a tools-service client for the MCP loop, set by app.py
+    bus: Bus
+    peers: Peers
+    generations: Generations
+    store: ResponseStore
+    background: Background | None = None
+    sealer: Sealer | None = None
+
+    def store_for(self, request: Request) -> ResponseStore:
+        """The store as the caller's API key sees it (all of it without keys)."""
+        return self.store.scoped(getattr(request.state, "tenant", None))
 
     def check_model(self, model: str) -> None:
-        from contracts.errors import BusError, ErrorCode
-        from services.gateway.errors import ApiError
-
         if model not in self.settings.models:
-            raise ApiError(
-                BusError(
-                    code=ErrorCode.MODEL_NOT_FOUND,
-                    message=f"The model '{model}' does not exist; this server serves: "
-                    + ", ".join(self.settings.models),
-                    param="model",
-                )
-            )
+            raise ApiError(BusError(
+                code=ErrorCode.MODEL_NOT_FOUND, param="model",
+                message=f"The model '{model}' does not exist; this server serves: " + ", ".join(self.settings.models),
+            ))
 
 
 def get_ctx(request: Request) -> GatewayContext:

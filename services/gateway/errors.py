@@ -5,7 +5,22 @@ validation errors and anything unexpected into ``{"error": {message, type, param
 
 from __future__ import annotations
 
+import logging
+
 from contracts.errors import BusError, ErrorCode
+
+log = logging.getLogger("chorus.gateway")
+
+# what a client is told when the stack fails (the details go to the log)
+PUBLIC_MESSAGES = {
+    ErrorCode.ENGINE_UNAVAILABLE: "No model engine is available to take the request right now; try again shortly.",
+    ErrorCode.SERVICE_UNAVAILABLE: "A Chorus service needed for this request is not available right now; "
+                                   "try again shortly.",
+    ErrorCode.TIMEOUT: "The request timed out inside Chorus.",
+    ErrorCode.STORAGE_UNAVAILABLE: "Response storage (Redis) is not available right now; try again shortly, "
+                                   "or send store: false.",
+    ErrorCode.INTERNAL: "The server failed to answer this request; it has been logged.",
+}
 
 
 class ApiError(Exception):
@@ -25,3 +40,16 @@ def invalid(message: str, param: str | None = None) -> ApiError:
 
 def not_found(message: str, param: str | None = None) -> ApiError:
     return ApiError(BusError(code=ErrorCode.NOT_FOUND, message=message, param=param))
+
+
+def public(error: BusError) -> BusError:
+    """An error as a client may see it: failures of the stack say what to do, not where the
+    engines are or which exception was raised (that is logged)."""
+    message = PUBLIC_MESSAGES.get(error.code)
+    if message is None:
+        return error
+    log.warning("%s: %s", error.code.value, error.message)
+    return BusError(code=error.code, message=message, param=error.param)
+
+
+STORAGE_DOWN = BusError(code=ErrorCode.STORAGE_UNAVAILABLE, message=PUBLIC_MESSAGES[ErrorCode.STORAGE_UNAVAILABLE])

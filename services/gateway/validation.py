@@ -1,52 +1,97 @@
-"""Request validation with our own pydantic models (the openai types are TypedDicts), so
-unknown or malformed fields become a 400 that names the field."""
+"""Request bodies -> our own pydantic models (the openai types are TypedDicts), so anything a
+client gets wrong is a 400 that names the field, never a 500.
+
+JSON is read with orjson (invalid UTF-8 and lone surrogates are refused) and nested at most
+``MAX_DEPTH`` deep (deeper structures are the caller's mistake, not a RecursionError later)."""
 
 from __future__ import annotations
 
-import json
-from typing import TypeVar
+from typing import Any, TypeVar
 
+import orjson
 from pydantic import BaseModel, ValidationError
 
-from services.gateway.errors import ApiError, invalid
+from services.gateway.errors import invalid
 
 M = TypeVar("M", bound=BaseModel)
+MAX_DEPTH = 64
 
 
-def _param(loc: tuple[int | str, ...]) -> str:
+def depth(value: Any) -> int:
+    """How deep containers nest in ``value`` (iterative: deep input cannot exhaust the stack)."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_DEPTH:
+            return deepest
+        stack.extend((child, level + 1) for child in children)
+    return deepest
+
+
+def parse_json(raw: bytes) -> Any:
+    if not raw.strip():
+        raise invalid("The request body is empty; send a JSON object.")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid(f"The request body is not valid JSON (UTF-8, no lone surrogates): {exc}") from None
+    if depth(data) > MAX_DEPTH:
+        raise invalid(f"The request body nests JSON deeper than {MAX_DEPTH} levels.")
+    return data
+
+
+def param_of(loc: tuple[int | str, ...], data: Any) -> str:
+    """A validation error's location as a request path (``input[2].call_id``), without the
+    union branch labels pydantic adds: a name that is not a key of the data there is one."""
     out = ""
-    for part in loc:
+    node = data
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
         if isinstance(part, int):
             out += f"[{part}]"
+            node = node[part] if isinstance(node, list) and -len(node) <= part < len(node) else None
+        elif isinstance(node, dict) and part in node:
+            out += ("." if out else "") + part
+            node = node[part]
+        elif not isinstance(node, dict) or not last or "[" in part:
+            continue  # a union branch or a type label (a missing key is the last part)
         else:
-            out += ("." if out else "") + str(part)
+            out += ("." if out else "") + part
+            node = None
     return out
 
 
-def _message(err: dict) -> str:  # type: ignore[type-arg]
-    kind = err.get("type", "")
-    param = _param(tuple(err.get("loc", ())))
+def _message(kind: str, param: str, msg: str) -> str:
     if kind == "extra_forbidden":
         return f"Unrecognized request argument supplied: {param}"
     if kind == "missing":
         return f"Missing required parameter: '{param}'."
-    return f"Invalid value for '{param}': {err.get('msg', 'invalid')}"
+    return f"Invalid value for '{param}': {msg}"
 
 
-def parse_body(raw: bytes, model: type[M]) -> M:
-    if not raw:
-        raise invalid("The request body is empty; send a JSON object.")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise invalid(f"The request body is not valid JSON: {exc}") from exc
+def validate(data: Any, model: type[M], *, ignore_unknown: bool = False) -> M:
     if not isinstance(data, dict):
         raise invalid("The request body must be a JSON object.")
+    if ignore_unknown:
+        data = {k: v for k, v in data.items() if k in model.model_fields}
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        # pydantic reports union branches separately; show the first, most specific one
-        first = min(errors, key=lambda e: -len(e.get("loc", ())))
-        loc = tuple(p for p in first.get("loc", ()) if not (isinstance(p, str) and p.startswith("function-")))
-        raise ApiError(invalid(_message({**first, "loc": loc}), _param(loc) or None).error) from exc
+        # pydantic reports every union branch; the deepest error is the most specific one
+        first = max(errors, key=lambda e: len(e.get("loc", ())))
+        param = param_of(tuple(first.get("loc", ())), data)
+        raise invalid(_message(str(first.get("type", "")), param, str(first.get("msg", "invalid"))),
+                      param or None) from None
+
+
+def parse_body(raw: bytes, model: type[M], *, ignore_unknown: bool = False) -> M:
+    return validate(parse_json(raw), model, ignore_unknown=ignore_unknown)

@@ -1,54 +1,46 @@
-"""The parser service: one ParseSession per request, fed by the dispatcher's token stream,
-sending typed events to the gateway. Run several; NATS's queue group spreads sessions."""
+"""The parser service: one ParseSession per generation, fed by the dispatchers' token frames,
+sending typed events to the owning gateway. Run several: gateways choose a worker per
+generation from the workers' heartbeats (least loaded), without a round trip."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+
+from pydantic import TypeAdapter
 
 from contracts.messages.control import Cancel
-from contracts.messages.parse import ParseOpen, ParseOpened
-from contracts.subjects import PARSER_QUEUE
+from contracts.messages.generate import TokenFrame
 from services.common.harmony import harmony_encoding
-from services.common.runtime import add_health, make_broker, serve
+from services.common.runtime import Runtime
 from services.parser.handlers import Sessions
+from services.parser.session import token_bytes
 from services.parser.settings import Settings
+
+TOKENS: TypeAdapter[TokenFrame] = TypeAdapter(TokenFrame)
+CANCEL: TypeAdapter[Cancel] = TypeAdapter(Cancel)
 
 
 async def run(
     settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None
 ) -> None:
     harmony_encoding()
-    subjects = settings.subjects
-    broker = make_broker(settings, "parser")
-    token_subject = subjects.parser_tokens(settings.instance_id)
-    sessions = Sessions(None, settings.instance_id, token_subject)
-    tasks: list[asyncio.Task[None]] = []
+    token_bytes()  # the vocabulary's byte table, before the first session needs it
+    async with Runtime.start(settings, "parser", stop=stop, watch=("gateway",)) as rt:
+        sessions = Sessions(rt.bus, settings.instance_id, window=settings.coalesce_window_ms / 1000)
+        rt.peers.on_death(sessions.on_death)
+        subjects = settings.subjects
+        await rt.bus.subscribe(subjects.cancel, CANCEL, sessions.on_cancel)
+        await rt.bus.subscribe(subjects.parser_tokens(settings.instance_id), TOKENS, sessions.on_tokens)
+        rt.load = lambda: len(sessions)
 
-    @broker.subscriber(subjects.parse_open, queue=PARSER_QUEUE)
-    async def on_open(req: ParseOpen) -> ParseOpened:
-        return sessions.open(req)
+        async def expire_forever() -> None:
+            while True:
+                await asyncio.sleep(settings.session_idle_s / 4)
+                sessions.expire(settings.session_idle_s)
 
-    @broker.subscriber(subjects.cancel)
-    async def on_cancel(msg: Cancel) -> None:
-        await sessions.cancel(msg)
-
-    add_health(broker, settings, "parser")
-
-    async def expire_forever() -> None:
-        while True:
-            await asyncio.sleep(settings.session_idle_s / 4)
-            sessions.expire(settings.session_idle_s)
-
-    async def on_start() -> None:
-        sessions.nc = broker.connection
-        await broker.connection.subscribe(token_subject, cb=sessions.on_tokens, pending_msgs_limit=-1)
-        tasks.append(asyncio.ensure_future(expire_forever()))
-
-    async def on_stop() -> None:
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    await serve(broker, on_start=on_start, on_stop=on_stop, stop=stop, ready=ready)
+        expiring = asyncio.get_running_loop().create_task(expire_forever())
+        try:
+            await rt.serve(ready=ready, drain=sessions.idle.wait)
+        finally:
+            expiring.cancel()
+            await sessions.close()

@@ -1,97 +1,169 @@
-"""parser handlers: ParseOpen (faststream request/reply) and the token stream (raw nats-py,
-the hot path: one message per engine batch, no framework cost per message)."""
+"""The parser worker's sessions: token frames in, typed events out to the owning gateways.
+
+One ``ParseSession`` per generation, opened by its first batch (which carries the parse spec
+and any tokens an earlier attempt produced). Each batch's events go to the gateway with the
+tokens they were parsed from; a batch that yields no event (text held back) sends nothing, its
+tokens ride along with the next batch that does. Outgoing batches are coalesced per gateway."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
 
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from prometheus_client import Counter
-
+from contracts.errors import BusError, ErrorCode
 from contracts.messages.control import Cancel
-from contracts.messages.generate import TokenBatch
-from contracts.messages.parse import ParsedBatch, ParseOpen, ParseOpened
-from contracts.subjects import REQUEST_ID_HEADER
-from services.common import bus
+from contracts.messages.generate import (
+    EventFrame,
+    GatewayEvent,
+    ParsedBatch,
+    TokenBatch,
+    TokenFrame,
+)
+from contracts.messages.parse import Failed, ItemDelta, ParseEvent
+from services.common.bus import Bus, Outboxes
 from services.common.harmony import harmony_encoding
+from services.common.metrics import RECOVERIES
 from services.parser.session import ParseSession
 
 log = logging.getLogger("chorus.parser")
-RECOVERIES = Counter("chorus_parser_recoveries_total", "Malformed model output repaired, by kind", ["kind"])
 
 
 @dataclass
 class _Open:
     session: ParseSession
-    events_subject: str
-    next_seq: int = 0  # the next TokenBatch seq expected
-    out_seq: int = 0  # the next ParsedBatch seq to send
+    gateway: str  # instance id of the owning gateway
+    offset: int = 0  # tokens parsed so far
+    unsent: list[int] = field(default_factory=list)  # parsed tokens not yet sent with events
+    unsent_from: int = 0  # offset of unsent[0]
     touched: float = field(default_factory=time.monotonic)
+    streaming: set[int] = field(default_factory=set)  # items whose text has started
 
 
 class Sessions:
-    """The worker's live sessions, keyed by request id."""
+    """The worker's live sessions, keyed by generation id."""
 
-    def __init__(self, nc: NatsClient | None, worker_id: str, token_subject: str) -> None:
-        self.nc = nc
+    def __init__(self, bus: Bus, worker_id: str, *, window: float = 0.0) -> None:
+        self.bus = bus
         self.worker_id = worker_id
-        self.token_subject = token_subject
         self._open: dict[str, _Open] = {}
+        self.idle = asyncio.Event()  # no session open (draining waits for it)
+        self.idle.set()
+        self._out: Outboxes[GatewayEvent, EventFrame] = Outboxes(
+            bus, lambda items: EventFrame(events=merge(items)), window=window)
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def open(self, req: ParseOpen) -> ParseOpened:
-        session = ParseSession(harmony_encoding(), req.request_id, req.tool_names, req.namespaces,
-                               req.tool_schemas, req.turn)
-        self._open[req.request_id] = _Open(session, req.events_subject)
-        return ParseOpened(worker_id=self.worker_id, token_subject=self.token_subject)
+    # bus handlers ----------------------------------------------------------------------
+    async def on_tokens(self, frame: TokenFrame) -> None:
+        for batch in frame.batches:
+            self._batch(batch)
 
-    async def cancel(self, msg: Cancel) -> None:
-        """End the session as aborted, so a gateway still listening (a cancelled background
-        response) learns at once; one that has gone away simply ignores it."""
-        entry = self._open.pop(msg.request_id, None)
+    async def on_cancel(self, msg: Cancel) -> None:
+        self._drop(msg.generation_id)
+
+    async def on_death(self, service: str, instance: str) -> None:
+        """A gateway died: nobody reads its sessions' events."""
+        if service == "gateway":
+            for gid in [g for g, e in self._open.items() if e.gateway == instance]:
+                self._drop(gid)
+            await self._out.forget(self.bus.subjects.gateway_events(instance))
+
+    def _drop(self, gid: str) -> None:
+        self._open.pop(gid, None)
+        if not self._open:
+            self.idle.set()
+
+    async def close(self) -> None:
+        await self._out.close()
+
+    # the work ---------------------------------------------------------------------------
+    def _batch(self, batch: TokenBatch) -> None:
+        gid = batch.generation_id
+        entry = self._open.get(gid)
         if entry is None:
-            return
-        events = entry.session.finish("abort", None, None)
-        await self._publish(msg.request_id, entry, events)
-
-    async def _publish(self, request_id: str, entry: _Open, events: list) -> None:  # type: ignore[type-arg]
-        out = ParsedBatch(request_id=request_id, seq=entry.out_seq, events=events)
-        entry.out_seq += 1
-        assert self.nc is not None
-        await self.nc.publish(entry.events_subject, bus.dump(out), headers={REQUEST_ID_HEADER: request_id})
-
-    async def on_tokens(self, msg: Msg) -> None:
-        try:
-            batch = TokenBatch.model_validate_json(msg.data)
-        except ValueError:
-            log.warning("unreadable token batch dropped")
-            return
-        entry = self._open.get(batch.request_id)
-        if entry is None:
-            log.debug("tokens for unknown request %s dropped", batch.request_id)
-            return
-        if batch.seq != entry.next_seq:
-            log.warning("request %s: token batch %d, expected %d", batch.request_id, batch.seq, entry.next_seq)
-        entry.next_seq = batch.seq + 1
+            if batch.open is None:
+                log.debug("tokens for unknown generation %s dropped", gid)
+                return
+            spec = batch.open
+            session = ParseSession(harmony_encoding(), spec.request_id, spec.tool_names, spec.namespaces,
+                                   spec.tool_schemas, spec.turn)
+            entry = self._open[gid] = _Open(session, batch.gateway)
+            self.idle.clear()
         entry.touched = time.monotonic()
-        events = entry.session.feed(batch.token_ids)
+        ids = batch.token_ids
+        if batch.offset < entry.offset:  # already parsed (a repeated batch)
+            ids = ids[entry.offset - batch.offset:]
+        elif batch.offset > entry.offset:
+            log.warning("generation %s: tokens %d..%d never arrived", gid, entry.offset, batch.offset)
+            self._end(gid, entry, [Failed(error=BusError(
+                code=ErrorCode.SERVICE_UNAVAILABLE, message="tokens were lost on the way to the parser",
+                retryable=True))])
+            return
+        events = entry.session.feed(ids) if ids else []
+        if not entry.unsent:
+            entry.unsent_from = entry.offset
+        entry.unsent.extend(ids)
+        entry.offset += len(ids)
         if batch.done:
             events += entry.session.finish(batch.finish_reason, batch.usage, batch.error)
-            self._open.pop(batch.request_id, None)
             for kind, n in entry.session.recoveries.items():
                 RECOVERIES.labels(kind).inc(n)
-        if not events and not batch.done:
-            return
-        await self._publish(batch.request_id, entry, events)
+            self._end(gid, entry, events)
+        elif events:
+            self._send(gid, entry, events)
+
+    def _send(self, gid: str, entry: _Open, events: list[ParseEvent]) -> None:
+        batch = ParsedBatch(generation_id=gid, offset=entry.unsent_from,
+                                            token_ids=entry.unsent, events=events, parser=self.worker_id)
+        entry.unsent = []
+        entry.unsent_from = entry.offset
+        # what starts or ends an item (and an item's first text) goes out at once; more text of
+        # an item already streaming may wait for the next frame
+        urgent = any(not isinstance(e, ItemDelta) or e.output_index not in entry.streaming for e in events)
+        entry.streaming.update(e.output_index for e in events if isinstance(e, ItemDelta))
+        self._out.put(self.bus.subjects.gateway_events(entry.gateway), batch, urgent=urgent)
+
+    def _end(self, gid: str, entry: _Open, events: list[ParseEvent]) -> None:
+        self._send(gid, entry, events)
+        self._drop(gid)
 
     def expire(self, idle_s: float) -> int:
         now = time.monotonic()
-        stale = [rid for rid, e in self._open.items() if now - e.touched > idle_s]
-        for rid in stale:
-            self._open.pop(rid, None)
+        stale = [gid for gid, e in self._open.items() if now - e.touched > idle_s]
+        for gid in stale:
+            log.warning("generation %s: no tokens for %gs; session dropped", gid, idle_s)
+            self._drop(gid)
         return len(stale)
+
+
+def merge(events: list[GatewayEvent]) -> list[GatewayEvent]:
+    """Batches of the same generation that piled up in the outbox, merged into one."""
+    out: dict[str, GatewayEvent] = {}
+    for event in events:
+        held = out.get(event.generation_id)
+        if isinstance(held, ParsedBatch) and isinstance(event, ParsedBatch):
+            out[event.generation_id] = ParsedBatch(
+                generation_id=held.generation_id, offset=held.offset, parser=held.parser,
+                token_ids=[*held.token_ids, *event.token_ids],
+                events=join_deltas([*held.events, *event.events]))
+        elif held is None:
+            out[event.generation_id] = event
+        else:
+            out[f"{event.generation_id}#{len(out)}"] = event
+    return list(out.values())
+
+
+def join_deltas(events: list[ParseEvent]) -> list[ParseEvent]:
+    """Neighbouring text deltas of one item as one."""
+    out: list[ParseEvent] = []
+    for event in events:
+        prev = out[-1] if out else None
+        if isinstance(event, ItemDelta) and isinstance(prev, ItemDelta) and prev.output_index == event.output_index:
+            out[-1] = ItemDelta(output_index=prev.output_index,
+                                                delta=prev.delta + event.delta)
+        else:
+            out.append(event)
+    return out

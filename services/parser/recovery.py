@@ -1,13 +1,17 @@
 """Pure helpers that repair what gpt-oss writes when it does not write clean Harmony:
 lenient header parsing, recipient mapping, control-text filtering, and recovering a tool call
-the model wrote as JSON text. Nothing here raises on model output."""
+the model wrote as JSON text (the strategies of shared/seeds/002: the whole answer as JSON, a
+```json block, a {"tool": ...} object inside prose, the tool inferred from its arguments; only
+offered tools count). Nothing here raises on model output."""
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from services.parser.arguments import repair_json
 
 CHANNELS = ("analysis", "commentary", "final")
 BUILTIN_NAMESPACES = ("browser", "python", "container")
@@ -87,17 +91,34 @@ def _norm(name: str) -> str:
     return re.sub(r"[^a-z0-9]", "", name.lower())
 
 
+def _known(name: str, by_norm: dict[str, str]) -> str | None:
+    """An offered tool's name for a variant of it: case, hyphens, or ``json`` glued on
+    (``to=functions.shelljson``, the content type written without a space)."""
+    norm = _norm(name)
+    fixed = by_norm.get(norm)
+    if fixed is None and norm.endswith("json"):
+        fixed = by_norm.get(norm[:-4])
+    return fixed
+
+
+UNOFFERED = "unoffered_tool_call"  # a recipient that names no tool the request offered
+
+
 @dataclass(frozen=True)
 class Recipient:
     namespace: str
     name: str
-    recovered: str | None = None  # the kind of repair, when one was needed
+    recovered: str | None = None  # the kind of repair, when one was needed; UNOFFERED: no call
 
 
 def map_recipient(
     recipient: str | None, tool_names: list[str], namespaces: list[str]
 ) -> Recipient | None:
-    """A header recipient -> (namespace, tool name), or None when it names no tool."""
+    """A header recipient -> (namespace, tool name), or None when it names no tool. A function
+    or namespace the request did not offer comes back with ``recovered=UNOFFERED``: as in
+    shared/seeds/002, a call to a tool nobody offered is no tool call (the caller keeps its text
+    as text). Built-in namespaces (browser, python, container) are not checked: the parse spec
+    does not say which of them were enabled."""
     if not recipient:
         return None
     r = _CONTROL.sub("", recipient).strip().strip("\"'")
@@ -107,25 +128,25 @@ def map_recipient(
     if "." in r:
         ns, _, name = r.partition(".")
         if ns == "functions":
-            if name in tool_names or not tool_names:
+            if name in tool_names:
                 return Recipient("functions", name)
-            fixed = by_norm.get(_norm(name))
-            return Recipient("functions", fixed or name, "tool_name_normalised" if fixed else "unknown_tool")
+            fixed = _known(name, by_norm)
+            return Recipient("functions", fixed, "tool_name_normalised") if fixed else Recipient(ns, name, UNOFFERED)
         if ns in namespaces or ns in BUILTIN_NAMESPACES:
             return Recipient(ns, name)
-        fixed = by_norm.get(_norm(name))
+        fixed = _known(name, by_norm)
         if fixed:
             return Recipient("functions", fixed, "wrong_namespace")
-        return Recipient(ns, name, "unknown_namespace")
+        return Recipient(ns, name, UNOFFERED)
     if r in BUILTIN_NAMESPACES:
         return Recipient(r, r)
-    fixed = by_norm.get(_norm(r))
+    fixed = _known(r, by_norm)
     if fixed:
         return Recipient("functions", fixed, "bare_recipient")
     if r in namespaces:
         return None
-    if _WORD.fullmatch(r) and tool_names:
-        return Recipient("functions", r, "unknown_tool")
+    if _WORD.fullmatch(r):
+        return Recipient("functions", r, UNOFFERED)
     return None
 
 
@@ -133,29 +154,27 @@ class ControlTextFilter:
     """Removes ``<|...|>`` control-token *text* from streamed text (models sometimes emit the
     markers as ordinary tokens), holding back a trailing partial marker between deltas."""
 
+    __slots__ = ("pending", "removed")
+
     def __init__(self) -> None:
-        self._pending = ""
+        self.pending = ""  # the start of what may be a marker, held until the next delta
         self.removed = 0
 
     def feed(self, text: str) -> str:
-        text = self._pending + text
-        self._pending = ""
+        text = self.pending + text
+        self.pending = ""
         if "<" not in text:
             return text
         cleaned, n = _CONTROL.subn("", text)
         self.removed += n
         m = _PARTIAL_CONTROL.search(cleaned)
         if m:
-            self._pending = cleaned[m.start():]
+            self.pending = cleaned[m.start():]
             cleaned = cleaned[: m.start()]
         return cleaned
 
-    @property
-    def pending(self) -> bool:
-        return bool(self._pending)
-
     def flush(self) -> str:
-        rest, self._pending = self._pending, ""
+        rest, self.pending = self.pending, ""
         return rest
 
 
@@ -168,8 +187,9 @@ def strip_control_text(text: str) -> str:
 _FENCE = re.compile(r"```(?:json|JSON)?\s*([\s\S]*?)```")
 
 
-def _json_objects(text: str) -> list[str]:
-    """Balanced {...} spans in ``text`` (string-aware), outermost first."""
+def _json_objects(text: str) -> tuple[list[str], str | None]:
+    """Balanced {...} spans in ``text``, outermost first, and an object still open at the end.
+    Strings count only inside an object: a stray quote in the prose around it does not hide it."""
     spans, depth, start, in_str, esc = [], 0, -1, False, False
     for i, ch in enumerate(text):
         if in_str:
@@ -180,7 +200,7 @@ def _json_objects(text: str) -> list[str]:
             elif ch == '"':
                 in_str = False
             continue
-        if ch == '"':
+        if ch == '"' and depth:
             in_str = True
         elif ch == "{":
             if depth == 0:
@@ -190,30 +210,7 @@ def _json_objects(text: str) -> list[str]:
             depth -= 1
             if depth == 0:
                 spans.append(text[start : i + 1])
-    return spans
-
-
-def repair_json(text: str) -> tuple[str, bool]:
-    """Arguments as JSON text: unchanged when valid; repaired when unambiguous (trailing
-    commas, single quotes, a missing closing brace); else returned verbatim (False)."""
-    candidate = text.strip() or "{}"
-    try:
-        json.loads(candidate)
-        return candidate, True
-    except ValueError:
-        pass
-    attempts = [
-        re.sub(r",\s*([}\]])", r"\1", candidate),
-        candidate.replace("'", '"'),
-        candidate + "}" * max(0, candidate.count("{") - candidate.count("}")),
-    ]
-    for attempt in attempts:
-        try:
-            value = json.loads(attempt)
-        except ValueError:
-            continue
-        return json.dumps(value, ensure_ascii=False), True
-    return text, False
+    return spans, (text[start:] if depth else None)
 
 
 @dataclass(frozen=True)
@@ -221,16 +218,42 @@ class RecoveredCall:
     name: str
     arguments: str
     kind: str
+    whole: bool = False  # the call is all the text said (no prose around it)
 
 
-def _as_call(data: Any, tool_names: list[str], schemas: dict[str, dict[str, Any]]) -> RecoveredCall | None:
+_NAME_KEYS = ("tool", "name", "function", "tool_name")
+_ARGUMENT_KEYS = ("arguments", "parameters", "args", "input")
+
+
+def _load(candidate: str) -> Any:
+    if not candidate.startswith("{"):
+        return None
+    fixed, ok = repair_json(candidate)
+    if not ok:
+        return None
+    try:
+        return json.loads(fixed)
+    except (ValueError, RecursionError):
+        return None
+
+
+def _as_call(
+    data: Any, tool_names: list[str], schemas: dict[str, dict[str, Any]], kind: str = "json_tool_call",
+    need_arguments: bool = False,
+) -> RecoveredCall | None:
     if not isinstance(data, dict):
         return None
-    name = data.get("tool") or data.get("name") or data.get("function") or data.get("tool_name")
+    key = next((k for k in _NAME_KEYS if data.get(k)), None)
+    name = data.get(key) if key else None
     if isinstance(name, dict):  # {"function": {"name":..., "arguments":...}}
-        data, name = name, name.get("name")
-    args: Any = data.get("arguments", data.get("parameters", data.get("args", data.get("input"))))
-    kind = "json_tool_call"
+        data, name, key = name, name.get("name"), "name"
+    if not any(k in data for k in _ARGUMENT_KEYS):
+        if need_arguments or kind == "prose_tool_call" and key != "tool":
+            return None  # inside prose, {"name": X} alone is no call; {"tool": X} is (seed 002, strategy 3)
+        # {"tool": X, "city": ...}: the other keys are the arguments
+        args: Any = {k: v for k, v in data.items() if k != key}
+    else:
+        args = data.get("arguments", data.get("parameters", data.get("args", data.get("input"))))
     for _ in range(3):  # unwrap {"tool": X, "arguments": {"tool": X, "arguments": {...}}}
         if isinstance(args, dict) and ("tool" in args or "name" in args) and "arguments" in args:
             args = args["arguments"]
@@ -247,7 +270,7 @@ def _as_call(data: Any, tool_names: list[str], schemas: dict[str, dict[str, Any]
         args_text, _ = repair_json(args)
         try:
             args = json.loads(args_text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return RecoveredCall(tool, args, kind)
     if args is None:
         args = {}
@@ -256,26 +279,55 @@ def _as_call(data: Any, tool_names: list[str], schemas: dict[str, dict[str, Any]
     return RecoveredCall(tool, json.dumps(args, ensure_ascii=False), kind)
 
 
+def _infer(data: Any, tool_names: list[str], schemas: dict[str, dict[str, Any]]) -> RecoveredCall | None:
+    """Bare arguments without a tool name (seed 002, strategy 4): the call, when exactly one
+    offered tool's schema takes them (every key a property, after alias normalisation; every
+    required property present)."""
+    if not isinstance(data, dict) or not data or any(k in data for k in ("tool", "function", "tool_name",
+                                                                        *_ARGUMENT_KEYS)):
+        return None  # written as a call (to a tool nobody offered, or it would have matched)
+    matches: list[RecoveredCall] = []
+    for tool in tool_names:
+        schema = schemas.get(tool)
+        props = schema.get("properties") if isinstance(schema, dict) else None
+        if not schema or not isinstance(props, dict) or not props:
+            continue
+        args = normalise_aliases(data, schema)
+        required = schema.get("required")
+        required = required if isinstance(required, list) else []
+        if all(k in props for k in args) and all(r in args for r in required if isinstance(r, str)):
+            matches.append(RecoveredCall(tool, json.dumps(args, ensure_ascii=False), "inferred_tool_call"))
+    return matches[0] if len(matches) == 1 else None
+
+
 def recover_tool_call(
     text: str, tool_names: list[str], schemas: dict[str, dict[str, Any]] | None = None
 ) -> RecoveredCall | None:
-    """Find a tool call the model wrote as text: the whole text as JSON, a ```json block, or a
-    {"tool"/"name": ..., "arguments": ...} object inside prose. Only offered tools count."""
+    """Find a tool call the model wrote as text (shared/seeds/002's strategies). The whole text
+    as JSON, or a ```json block that is all the text, is a call when it names an offered tool
+    (``whole``), or, without a name, when its keys fit exactly one offered tool's schema. Inside
+    prose (a ```json block or a balanced {...}), an object carrying an offered tool's name and
+    arguments, or a ``"tool"`` key naming one, is a call (kind ``prose_tool_call``); an object the
+    text ends inside, only with name and arguments. Calls to tools nobody offered are no calls:
+    the text stays text."""
     if not tool_names:
         return None
     schemas = schemas or {}
-    candidates = [text.strip()]
-    candidates += [m.group(1).strip() for m in _FENCE.finditer(text)]
-    candidates += _json_objects(text)
-    for candidate in candidates:
-        if not candidate.startswith("{"):
-            continue
-        fixed, ok = repair_json(candidate)
-        if not ok:
-            continue
-        call = _as_call(json.loads(fixed), tool_names, schemas)
+    stripped = text.strip()
+    fences = list(_FENCE.finditer(text))
+    whole = [stripped] + [m.group(1).strip() for m in fences if m.group(0) == stripped]
+    for candidate in whole:
+        data = _load(candidate)
+        call = _as_call(data, tool_names, schemas) or _infer(data, tool_names, schemas)
+        if call is not None:
+            return replace(call, whole=True)
+    objects, still_open = _json_objects(text)
+    for candidate in [m.group(1).strip() for m in fences] + objects:
+        call = _as_call(_load(candidate), tool_names, schemas, "prose_tool_call")
         if call is not None:
             return call
+    if still_open is not None:  # an object the text ends inside: a call only with name and arguments
+        return _as_call(_load(still_open), tool_names, schemas, "prose_tool_call", need_arguments=True)
     return None
 
 

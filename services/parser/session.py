@@ -6,19 +6,27 @@ Structure: a token-level framing guard owns message boundaries and headers, beca
 gpt-oss output breaks Harmony's grammar in ways openai-harmony's parser either rejects
 (recipient before the channel, a repeated recipient, text after a terminator) or silently
 turns into user-visible text (``<|start|>``/``<|channel|>``/``<|endoftext|>`` inside content).
-The guard parses headers leniently (``recovery.parse_header``) and hands each message's
-content tokens to openai-harmony's ``StreamableParser`` (non-strict) for decoding. Every repair
-is named and counted; nothing in here raises on model output."""
+The guard parses headers leniently (``recovery.parse_header``). Inside a message only ordinary
+tokens remain, so content is decoded the way openai-harmony's ``StreamableParser`` decodes it
+(token bytes, UTF-8, invalid sequences as U+FFFD), but a whole run of a batch's content tokens
+at once: a table lookup and one incremental UTF-8 decode instead of a parser call per token,
+and a character split across tokens or batches is held until it is whole. A call's arguments
+stream while they can still be valid JSON and are held from where they cannot
+(``arguments.ArgumentStream``), so the deltas of every item add up to its done text exactly.
+Every repair is named and counted; nothing in here raises on model output."""
 
 from __future__ import annotations
 
+import base64
+import functools
 import hashlib
 import logging
+from codecs import utf_8_decode
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai_harmony import HarmonyEncoding, Role, StreamableParser
+from openai_harmony import HarmonyEncoding
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineFinishReason, EngineUsage
@@ -39,14 +47,27 @@ from contracts.messages.parse import (
     ParseEvent,
     Usage,
 )
-from services.common.harmony import CALL, CHANNEL, CONSTRAIN, END, ENDOFTEXT, MESSAGE, RETURN, START
+from services.common.harmony import (
+    CALL,
+    CHANNEL,
+    CONSTRAIN,
+    END,
+    ENDOFTEXT,
+    MESSAGE,
+    RETURN,
+    START,
+    VOCAB_FILE,
+    ensure_vocabulary,
+)
+from services.parser.arguments import ArgumentStream
 from services.parser.recovery import (
+    UNOFFERED,
     ControlTextFilter,
     Header,
+    RecoveredCall,
     map_recipient,
     parse_header,
     recover_tool_call,
-    repair_json,
     strip_control_text,
     strip_recipient,
 )
@@ -58,17 +79,31 @@ TERMINATORS = (END, RETURN, CALL)
 _HEADER, _CONTENT, _BETWEEN = 0, 1, 2
 
 
-@dataclass
+@functools.cache
+def token_bytes() -> tuple[bytes, ...]:
+    """The bytes of every ordinary token (ranks 0..FIRST_SPECIAL-1), read once per process from
+    the verified vocabulary file that openai-harmony's encoding is built from (~0.4 s)."""
+    table = [b""] * FIRST_SPECIAL
+    for line in (ensure_vocabulary() / VOCAB_FILE).read_bytes().splitlines():
+        token, rank = line.split()
+        table[int(rank)] = base64.b64decode(token)
+    return tuple(table)
+
+
+@dataclass(slots=True)
 class _Item:
     index: int
     kind: str  # reasoning | message | call
     item: OutputItem
-    parser: StreamableParser
+    undecoded: bytes = b""  # the start of a character whose other bytes are still to come
     text: list[str] = field(default_factory=list)
     filter: ControlTextFilter = field(default_factory=ControlTextFilter)
     hold: bool = False  # a final message that might be a misplaced tool call
     decided: bool = False
     announced: bool = False
+    arguments: ArgumentStream | None = None  # a call's arguments (sent while they can be valid JSON)
+    plain: bool = True  # text goes out as it comes (not held, not arguments)
+    recover: bool = True  # may hold a tool call written as text (not so for an unoffered call's body)
 
 
 class ParseSession:
@@ -82,6 +117,7 @@ class ParseSession:
         turn: int = 0,
     ) -> None:
         self.enc = encoding
+        self._bytes = token_bytes()
         self.request_id = request_id
         self.turn = turn
         self.tool_names = list(tool_names or [])
@@ -92,7 +128,6 @@ class ParseSession:
         self.reasoning_tokens = 0
         self.batches_seen = 0
         self._state = _HEADER  # the prompt ended with <|start|>assistant
-        self._messages = 0
         self._sections: dict[str, list[int]] = {"role": []}
         self._section = "role"
         self._item: _Item | None = None
@@ -102,24 +137,59 @@ class ParseSession:
         self._delta_index = -1  # text for one item is gathered and sent as one ItemDelta per batch
         self._delta_parts: list[str] = []
         self._finished = False
-        self._channel_prefix = [CHANNEL, *encoding.encode("final", allowed_special="all"), MESSAGE]
 
     # -- public ---------------------------------------------------------------------------
     def feed(self, token_ids: list[int]) -> list[ParseEvent]:
         self.batches_seen += 1
+        n = len(token_ids)
+        entry = self._item
+        if entry is not None and n and (
+            0 <= token_ids[0] < FIRST_SPECIAL if n == 1 else max(token_ids) < FIRST_SPECIAL and min(token_ids) >= 0
+        ):
+            # the hot path: the whole batch is text inside an open message (nothing is pending
+            # between batches: every feed returns after _take)
+            self.tokens_seen += n
+            if entry.kind == "reasoning":
+                self.reasoning_tokens += n
+            table = self._bytes
+            data = table[token_ids[0]] if n == 1 else b"".join([table[t] for t in token_ids])
+            if entry.undecoded:
+                data = entry.undecoded + data
+            delta, used = utf_8_decode(data, "replace", False)
+            entry.undecoded = data[used:] if used < len(data) else b""
+            if delta and "<" not in delta and not entry.filter.pending:
+                if entry.plain:
+                    entry.text.append(delta)
+                    return [ItemDelta(output_index=entry.index, delta=delta)]
+                if entry.arguments is not None:
+                    sent = entry.arguments.feed(delta)
+                    return [ItemDelta(output_index=entry.index, delta=sent)] if sent else []
+            if delta:
+                self._text(entry, delta)
+            return self._take()
         if self._finished:
             return []
-        for t in token_ids:
-            self.tokens_seen += 1
-            if t >= FIRST_SPECIAL:
+        self.tokens_seen += n
+        i = 0
+        while i < n:
+            t = token_ids[i]
+            if t >= FIRST_SPECIAL or t < 0:  # a special token, or an id no vocabulary has
                 self._special(t)
-            elif self._state == _CONTENT:
-                self._content(t)
+                i += 1
+            elif self._state == _CONTENT:  # a run of content tokens, decoded together
+                j = i + 1
+                while j < n and 0 <= token_ids[j] < FIRST_SPECIAL:
+                    j += 1
+                delta = self._content(token_ids[i:j])
+                if delta:
+                    self._text(self._item, delta)  # type: ignore[arg-type]
+                i = j
             else:
                 if self._state == _BETWEEN:
                     self.recoveries["text_after_terminator"] += 1
                     self._new_header()
                 self._sections[self._section].append(t)
+                i += 1
         return self._take()
 
     def finish(
@@ -266,6 +336,8 @@ class ParseSession:
             body += self.enc.decode(constrain_tokens)
         self._state = _BETWEEN
         if not body.strip():
+            if not incomplete and (header.recipient or constrain_tokens):
+                self.recoveries["header_without_message"] += 1  # a call the model never wrote
             return
         self.recoveries[kind] += 1
         channel = header.channel if header.channel in ("analysis", "final") else "final"
@@ -274,7 +346,7 @@ class ParseSession:
     def _complete_item(self, channel: str, text: str, incomplete: bool) -> None:
         item = self._start_item(Header(channel=channel))
         if incomplete and item.hold:  # cut off: no tool-call recovery, stream it as text
-            item.hold = False
+            item.hold, item.plain = False, True
             self._announce(item)
         self._text(item, text)
         self._item = item
@@ -293,12 +365,12 @@ class ParseSession:
     def _start_item(self, header: Header) -> _Item:
         index = self._next_index
         self._next_index += 1
-        self._messages += 1
-        parser = StreamableParser(self.enc, Role.ASSISTANT, strict=False)
-        for tok in self._channel_prefix:
-            parser.process(tok)
         recipient = map_recipient(header.recipient, self.tool_names, self.namespaces)
         channel = header.channel
+        unoffered = recipient is not None and recipient.recovered == UNOFFERED
+        if unoffered:  # a call to a tool nobody offered is no tool call: its text stays text
+            self.recoveries[UNOFFERED] += 1
+            recipient = None
         item: OutputItem
         if recipient is not None:
             if recipient.recovered:
@@ -321,8 +393,13 @@ class ParseSession:
             item = MessageItem(id=self._id("msg", index), role="assistant", content="",
                                channel=out_channel, status="in_progress")
             kind = "message"
-        entry = _Item(index=index, kind=kind, item=item, parser=parser)
-        entry.hold = kind == "message" and bool(self.tool_names)
+        entry = _Item(index=index, kind=kind, item=item)
+        if kind == "call":
+            entry.arguments, entry.plain = ArgumentStream(), False
+        elif unoffered:
+            entry.recover = False
+        elif kind == "message" and self.tool_names:
+            entry.hold, entry.plain = True, False
         if not entry.hold:
             self._announce(entry)
         return entry
@@ -336,23 +413,24 @@ class ParseSession:
         return f"{prefix}_{digest}"
 
     # -- content --------------------------------------------------------------------------
-    def _content(self, t: int) -> None:
+    def _content(self, run: list[int]) -> str:
+        """Ordinary tokens inside the open message -> the text they complete (UTF-8 across
+        runs: a character's first bytes wait for the rest)."""
         entry = self._item
         assert entry is not None
         if entry.kind == "reasoning":
-            self.reasoning_tokens += 1
-        try:
-            entry.parser.process(t)
-            delta = entry.parser.last_content_delta
-        except Exception:  # openai-harmony refused a token: decode it ourselves
-            self.recoveries["parser_error"] += 1
-            delta = self.enc.decode([t])
-        if delta:
-            self._text(entry, delta)
+            self.reasoning_tokens += len(run)
+        table = self._bytes
+        data = table[run[0]] if len(run) == 1 else b"".join([table[t] for t in run])
+        if entry.undecoded:
+            data = entry.undecoded + data
+        delta, used = utf_8_decode(data, "replace", False)  # invalid bytes -> U+FFFD, as openai-harmony
+        entry.undecoded = data[used:] if used < len(data) else b""
+        return delta
 
     def _text(self, entry: _Item, delta: str) -> None:
-        if not entry.hold and "<" not in delta and not entry.filter.pending:
-            # the common case: plain text into a streamed item
+        if entry.plain and "<" not in delta and not entry.filter.pending:
+            # plain text into a streamed item
             entry.text.append(delta)
             if entry.index == self._delta_index:
                 self._delta_parts.append(delta)
@@ -365,6 +443,9 @@ class ParseSession:
             self.recoveries["control_text_removed"] += 1
         if not text:
             return
+        if entry.arguments is not None:
+            self._arguments(entry.index, entry.arguments, text)
+            return
         entry.text.append(text)
         if entry.hold and not entry.decided:
             so_far = "".join(entry.text).lstrip()
@@ -373,12 +454,17 @@ class ParseSession:
             entry.decided = True
             if so_far[0] in "{`":
                 return  # keep holding until the message ends
-            entry.hold = False
+            entry.hold, entry.plain = False, True
             self._announce(entry)
             self._delta(entry.index, "".join(entry.text))
             return
         if not entry.hold:
             self._delta(entry.index, text)
+
+    def _arguments(self, index: int, arguments: ArgumentStream, text: str) -> None:
+        sent = arguments.feed(text)  # what can no longer change (services/parser/arguments.py)
+        if sent:
+            self._delta(index, sent)
 
     def _end_message(self, terminator: int | None = None, incomplete: bool = False) -> None:
         entry = self._item
@@ -386,44 +472,59 @@ class ParseSession:
         self._state = _BETWEEN
         if entry is None:
             return
+        if entry.undecoded:  # the message ended inside a character: U+FFFD, as openai-harmony
+            self._text(entry, utf_8_decode(entry.undecoded, "replace", True)[0])
         rest = entry.filter.flush()
         if rest:
             rest = strip_control_text(rest)
-            if rest:
+            if rest and entry.arguments is not None:
+                self._arguments(entry.index, entry.arguments, rest)
+            elif rest:
                 entry.text.append(rest)
                 if entry.announced:
                     self._delta(entry.index, rest)
         text = "".join(entry.text)
         status: ItemStatus = "incomplete" if incomplete else "completed"
         item = entry.item
-        if entry.hold:  # a final message we held back: a tool call written as text, or text
-            call = None if incomplete else recover_tool_call(text, self.tool_names, self.tool_schemas)
-            if call is not None:
-                self.recoveries[call.kind] += 1
-                self._calls += 1
-                item = FunctionCallItem(id=self._id("fc", entry.index), call_id=self._id("call", entry.index),
-                                        name=call.name, arguments=call.arguments, status=status)
-                self._push(ItemAdded(output_index=entry.index,
-                                     item=item.model_copy(update={"arguments": "", "status": "in_progress"})))
-                self._delta(entry.index, call.arguments)
-                self._push(ItemDone(output_index=entry.index, item=item))
+        call = None
+        if entry.kind == "message" and entry.recover and self.tool_names and not incomplete and (
+                entry.hold or "{" in text):
+            call = recover_tool_call(text, self.tool_names, self.tool_schemas)
+            if call is not None and call.whole and entry.hold:  # the message was nothing but the call
+                self._emit_call(entry.index, call)
                 return
-            if not text:
+        if entry.hold:  # a final message we held back: text (around a call, or no call at all)
+            if not text:  # nothing to show: its output index goes to the next item
+                if self._next_index == entry.index + 1:
+                    self._next_index = entry.index
                 return
             self._announce(entry)
             self._delta(entry.index, text)
         if isinstance(item, ReasoningItem):
             done: OutputItem = item.model_copy(update={"text": text, "status": status})
         elif isinstance(item, FunctionCallItem):
-            arguments = text
-            if not incomplete:
-                arguments, ok = repair_json(text)
-                if arguments != text.strip() and ok:
-                    self.recoveries["arguments_repaired"] += 1
-                elif not ok:
-                    self.recoveries["arguments_not_json"] += 1
-                    arguments = text
+            args = entry.arguments
+            assert args is not None
+            arguments, repair = args.finish(incomplete)
+            if repair:
+                self.recoveries[repair] += 1
+            if len(arguments) > args.sent:  # what was held back, repaired: the sent text is its prefix
+                self._delta(entry.index, arguments[args.sent :])
             done = item.model_copy(update={"arguments": arguments, "status": status})
         else:
             done = item.model_copy(update={"content": text, "status": status})
         self._push(ItemDone(output_index=entry.index, item=done))
+        if call is not None:  # a call written inside an answer shown as text: the text stays, the call follows
+            self._emit_call(self._next_index, call)
+            self._next_index += 1
+
+    def _emit_call(self, index: int, call: RecoveredCall) -> None:
+        """A tool call recovered from text, as a complete function call item at ``index``."""
+        self.recoveries[call.kind] += 1
+        self._calls += 1
+        item = FunctionCallItem(id=self._id("fc", index), call_id=self._id("call", index), name=call.name,
+                                arguments=call.arguments, status="completed")
+        self._push(ItemAdded(output_index=index, item=item.model_copy(update={"arguments": "", "status": "in_progress"})))
+        if call.arguments:
+            self._delta(index, call.arguments)
+        self._push(ItemDone(output_index=index, item=item))

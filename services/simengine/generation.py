@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from openai_harmony import HarmonyEncoding
 
+from services.simengine.grammar import Constraint
 from services.simengine.script import Outcome, Script, limit, plan
 from services.simengine.settings import Settings
 from services.simengine.state import Recorder, RequestRecord
@@ -22,11 +23,26 @@ SPECIAL_TOKEN_START = 199998
 
 
 class SimRequestError(Exception):
-    """An error the engine answers with an HTTP status before streaming."""
+    """A request the engine refuses before generating (how it says so is the protocol's)."""
 
-    def __init__(self, status: int, message: str, kind: str = "BadRequestError") -> None:
+    def __init__(
+        self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None
+    ) -> None:
         super().__init__(message)
-        self.status, self.message, self.kind = status, message, kind
+        self.status, self.message, self.kind, self.param = status, message, kind, param
+
+
+class GrammarRefused(SimRequestError):
+    """A grammar parameter the engine cannot compile."""
+
+
+class StatusDirective(SimRequestError):
+    """``[[sim:status=N]]``: an HTTP error the test asked for (a proxy's or the server's)."""
+
+
+# the protocol's own checks of a request (context length, sampling and grammar parameters):
+# raise ``SimRequestError``; return what a grammar asks of the output
+Check = Callable[[list[int]], Constraint | None]
 
 
 @dataclass(frozen=True)
@@ -114,34 +130,25 @@ def prepare(
     ignore_eos: bool,
     params: dict[str, object],
     stream: bool,
+    check: Check,
 ) -> Generation:
-    """Validate, script and record a request. Raises ``SimRequestError`` (recorded as well)."""
+    """Validate (``check``: the protocol's rules), script and record a request. Raises
+    ``SimRequestError`` (the request is recorded all the same). ``max_tokens``: the budget the
+    engine settled on (``None``: the room left in the context)."""
     prompt = list(prompt_ids)
     record = RequestRecord(request_id, protocol, prompt, params, stream)
     recorder.add(record)
     if not prompt:
         raise SimRequestError(400, "The prompt is empty: at least one token id is required.")
-    bad = next((t for t in prompt if not 0 <= t < settings.vocab_size), None)
-    if bad is not None:
-        raise SimRequestError(400, f"Token id {bad} is out of vocabulary")
-    if len(prompt) >= settings.max_model_len or (
-        max_tokens is not None and len(prompt) + max_tokens > settings.max_model_len
-    ):
-        requested = len(prompt) + (max_tokens or 0)
-        raise SimRequestError(
-            400,
-            f"This model's maximum context length is {settings.max_model_len} tokens. However, you "
-            f"requested {requested} tokens ({len(prompt)} in the messages, {max_tokens or 0} in the "
-            "completion). Please reduce the length of the messages or completion.",
-        )
+    constraint = check(prompt)
     try:
-        script = plan(prompt, encoding)
+        script = plan(prompt, encoding, constraint)
     except Exception as exc:  # undecodable prompt
         raise SimRequestError(400, f"Invalid prompt: {exc}") from exc
     record.prompt_text = script.prompt_text
     if script.directives.status is not None:
         status = script.directives.status
-        raise SimRequestError(
+        raise StatusDirective(
             status,
             f"simulated engine error (status {status}) requested by [[sim:status]]",
             "ServiceUnavailableError" if status >= 500 else "BadRequestError",

@@ -6,9 +6,11 @@ to answer the last message, nothing more. Pure functions, no I/O."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.common.harmony import CALL, END, MESSAGE, RETURN, START
 
@@ -17,6 +19,8 @@ _NAMESPACE = re.compile(r"namespace (\w+) \{\n(.*?)\n\} // namespace \1", re.DOT
 _TOOL_HEAD = re.compile(r"^type (\w+) = \((?:_: \{)?", re.MULTILINE)
 _PROP = re.compile(r'^(\w+)(\?)?: (.+?),?$')
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)=(.*?)\]\]", re.DOTALL)
+# the developer message's last section: "# Response Formats\n\n## name\n\n// ...\n{schema}"
+_RESPONSE_FORMAT = re.compile(r"(?:^|\n\n)# Response Formats\n\n## [^\n]*\n\n(?:(?://[^\n]*)\n)*(\{.*\})\Z", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,18 @@ def _top_level_props(block: str) -> tuple[ToolProp, ...]:
         if depth < 0:  # the `}) => any;` closing the parameter object
             break
     return tuple(props)
+
+
+def parse_response_format(text: str) -> dict[str, Any] | None:
+    """The JSON schema of a "# Response Formats" section ending a developer message, if any."""
+    m = _RESPONSE_FORMAT.search(text)
+    if m is None:
+        return None
+    try:
+        schema = json.loads(m.group(1))
+    except ValueError:
+        return None
+    return schema if isinstance(schema, dict) else None
 
 
 def directives(text: str) -> dict[str, str]:

@@ -6,6 +6,10 @@ Not a model. It reads the decoded prompt and writes plausible Harmony:
 - last message a tool result: analysis, then a final answer quoting the tool's output;
 - otherwise: analysis ("The user says ...") and a final answer echoing the user, <|return|>.
 
+A grammar is obeyed, as a constrained model would: a required call goes to an allowed tool
+(whatever the last message), and a final answer is a minimal JSON value of the schema. So is
+the developer message's "# Response Formats" section, as a model reading it would.
+
 Directives in the last user message steer it (see ``Directives``)."""
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
+from services.common.harmony import START
+from services.simengine.grammar import Constraint
+from services.simengine.instance import NoInstance, minimal_instance
 from services.simengine.prompt import (
     PromptMessage,
     ToolProp,
     ToolSignature,
     directives,
     parse_prompt,
+    parse_response_format,
     parse_tools,
     strip_directives,
 )
@@ -149,36 +157,100 @@ def filler_ids(encoding: HarmonyEncoding, n: int) -> list[int]:
     return [words[i % len(words)] for i in range(n)]
 
 
-def compose(messages: Sequence[PromptMessage], tools: Sequence[ToolSignature]) -> str:
+def _call(tool: ToolSignature, user: str, why: str) -> str:
+    args = json.dumps(synthesize_args(tool, user), ensure_ascii=False)
+    return (
+        f"<|channel|>analysis<|message|>{why}<|end|>"
+        f"<|start|>assistant<|channel|>commentary to={tool.recipient} "
+        f"<|constrain|>json<|message|>{_safe(args)}<|call|>"
+    )
+
+
+def allowed_tool(tools: Sequence[ToolSignature], constraint: Constraint, user_text: str) -> ToolSignature:
+    """The tool a required call goes to: a declared one the grammar allows (the one the user
+    names, else the first), else the first allowed name, with no known parameters."""
+    declared = [t for t in tools if t.namespace == constraint.namespace and t.name in constraint.tools]
+    if declared:
+        return choose_tool(declared, user_text)
+    return ToolSignature(constraint.namespace, constraint.tools[0])
+
+
+def final_json(schema: object) -> str | None:
+    """The final answer a schema asks for: a minimal conforming value, as JSON."""
+    try:
+        return json.dumps(minimal_instance(schema), ensure_ascii=False)
+    except (NoInstance, KeyError, IndexError, TypeError, ValueError):
+        return None
+
+
+def compose(
+    messages: Sequence[PromptMessage], tools: Sequence[ToolSignature], constraint: Constraint | None = None
+) -> str:
     """The Harmony completion text (after the prompt's ``<|start|>assistant``)."""
     user_index, user_raw = _last_user(messages)
     user = _safe(strip_directives(user_raw))
     last = messages[-1] if messages else None
+    schema = constraint.final_schema if constraint is not None else None
+    answer = final_json(schema) if schema is not None else None
+    answer = _safe(answer) if answer is not None else None
+    if constraint is not None and constraint.tools:
+        tool = allowed_tool(tools, constraint, user)
+        return _call(tool, user, f"The user says \"{user}\". I must call {tool.name}.")
     if last is not None and last.author not in _TOOL_AUTHORS:
         output = _safe(last.content.strip())
         name = last.author.split(".", 1)[-1]
         return (
             f"<|channel|>analysis<|message|>The tool {name} returned: {output}. "
             f"I can answer now.<|end|>"
-            f"<|start|>assistant<|channel|>final<|message|>According to {name}: {output}<|return|>"
+            f"<|start|>assistant<|channel|>final<|message|>{answer or f'According to {name}: {output}'}"
+            "<|return|>"
         )
     if tools and user_index == len(messages) - 1:
         tool = choose_tool(tools, user)
-        args = json.dumps(synthesize_args(tool, user), ensure_ascii=False)
-        return (
-            f"<|channel|>analysis<|message|>The user says \"{user}\". "
-            f"I should call {tool.name}.<|end|>"
-            f"<|start|>assistant<|channel|>commentary to={tool.recipient} "
-            f"<|constrain|>json<|message|>{_safe(args)}<|call|>"
-        )
+        return _call(tool, user, f"The user says \"{user}\". I should call {tool.name}.")
     return (
         f"<|channel|>analysis<|message|>The user says \"{user}\". I will answer briefly.<|end|>"
-        f"<|start|>assistant<|channel|>final<|message|>Hello! You said: {user}<|return|>"
+        f"<|start|>assistant<|channel|>final<|message|>{answer or f'Hello! You said: {user}'}<|return|>"
     )
 
 
-def plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> Script:
-    """Everything the simulated model will say for this prompt (before max_tokens/stops)."""
+def plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding, constraint: Constraint | None = None) -> Script:
+    """Everything the simulated model will say for this prompt (before max_tokens/stops),
+    obeying ``constraint`` (what the request's grammar asks).
+
+    A prompt that ends inside the model's own output (a gateway continuing an interrupted
+    generation sends the output so far after the prompt) continues that output, as a model
+    sampling greedily would: the script of the prompt before the output, minus what is there."""
+    start = output_start(prompt_ids, encoding)
+    if start is not None and start < len(prompt_ids):
+        base = _plan(prompt_ids[:start], encoding, constraint)
+        already = list(prompt_ids[start:])
+        if base.output_ids[: len(already)] == already:
+            return Script(encoding.decode(list(prompt_ids)), base.output_ids[len(already):], base.directives)
+    return _plan(prompt_ids, encoding, constraint)
+
+
+def output_start(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> int | None:
+    """Where the current assistant output begins: after the ``<|start|>assistant`` that
+    follows the prompt's last message from anyone else (user, tool, system, developer)."""
+    assistant = _assistant_id(encoding)
+    starts = [i for i, t in enumerate(prompt_ids) if t == START]
+    for k in range(len(starts) - 1, -1, -1):
+        i = starts[k]
+        if i + 1 < len(prompt_ids) and prompt_ids[i + 1] != assistant:
+            following = starts[k + 1] if k + 1 < len(starts) else None
+            if following is None or following + 1 >= len(prompt_ids) or prompt_ids[following + 1] != assistant:
+                return None
+            return following + 2
+    return None
+
+
+@functools.cache
+def _assistant_id(encoding: HarmonyEncoding) -> int:
+    return encoding.encode("assistant", disallowed_special=())[0]
+
+
+def _plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding, constraint: Constraint | None) -> Script:
     text = encoding.decode(list(prompt_ids))
     messages = parse_prompt(prompt_ids, encoding.decode)
     user_index, user_raw = _last_user(messages)
@@ -194,8 +266,13 @@ def plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> Script:
         )
         tail = encoding.encode("<|return|>", allowed_special="all")
         return Script(text, [*head, *filler_ids(encoding, max(0, said.tokens)), *tail], said)
-    tools = [t for m in messages if m.author == "developer" for t in parse_tools(m.content)]
-    body = compose(messages, tools)
+    developer = [m.content for m in messages if m.author == "developer"]
+    tools = [t for text in developer for t in parse_tools(text)]
+    if constraint is None or (constraint.final_schema is None and not constraint.tools):
+        prompted = next((s for text in developer if (s := parse_response_format(text)) is not None), None)
+        if prompted is not None:  # no grammar: the model follows the prompt's response format
+            constraint = Constraint(final_schema=prompted)
+    body = compose(messages, tools, constraint)
     return Script(text, encoding.encode(body, allowed_special="all"), said)
 
 

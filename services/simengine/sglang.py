@@ -1,10 +1,14 @@
 """The SIMULATED engine's SGLang front end: ``POST /generate`` with ``input_ids``, streamed
 CUMULATIVELY (each chunk repeats everything so far, SGLang's default) or as deltas (like
-``--incremental-streaming-output``), ``POST /abort_request``, ``GET /get_load``."""
+``--incremental-streaming-output``), ``POST /abort_request``, ``GET /get_load``. It refuses
+what SGLang refuses, as SGLang does: a streamed request it cannot take is HTTP 200 and one
+``{"error": {"message"}}`` event (a grammar that does not compile: one abort chunk, status
+400); without streaming, HTTP 400."""
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,19 +18,30 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from services.simengine.generation import (
+    Check,
     Generation,
+    GrammarRefused,
     IncrementalText,
     SimRequestError,
+    StatusDirective,
     decode_text,
     prepare,
 )
+from services.simengine.grammar import (
+    Constraint,
+    GrammarError,
+    check_schema,
+    check_structural_tag,
+    constraint_of,
+)
+from services.simengine.settings import Settings
 from services.simengine.state import Recorder, SimState
 
 
 class SamplingParams(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    max_new_tokens: int | None = 128  # SGLang's default
+    max_new_tokens: int | None = 128  # SGLang's default; null: the room left in the context
     stop_token_ids: list[int] | None = None
     stop: str | list[str] | None = None
     temperature: float | None = None
@@ -34,6 +49,10 @@ class SamplingParams(BaseModel):
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     ignore_eos: bool = False
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: Any = None  # a JSON string; SGLang does not check the type (msgspec)
 
 
 class GenerateBody(BaseModel):
@@ -55,6 +74,79 @@ class AbortBody(BaseModel):
 
 def error_body(message: str, status: int) -> dict[str, Any]:
     return {"error": {"message": message, "code": status}}
+
+
+def room(settings: Settings, prompt_tokens: int) -> int:
+    """The most new tokens SGLang's scheduler allows (``init_req_max_new_tokens``):
+    ``max_req_len - len(input_ids) - 1``, ``max_req_len`` being ``context_len - 1``."""
+    return max(0, settings.max_model_len - 1 - prompt_tokens - 1)
+
+
+def checks(sp: SamplingParams, settings: Settings) -> Check:
+    """What SGLang refuses before generating: TokenizerManager._validate_one_request (no
+    --allow-auto-truncate), _validate_input_ids_in_vocab, SamplingParams.verify, and grammars
+    its xgrammar backend cannot compile (the scheduler aborts those with a 400)."""
+
+    def check(prompt: list[int]) -> Constraint | None:
+        n, context = len(prompt), settings.max_model_len
+        if n >= context:
+            raise SimRequestError(400, f"The input ({n} tokens) is longer than the model's context "
+                                       f"length ({context} tokens).")
+        wanted = sp.max_new_tokens
+        if wanted is not None and wanted + n >= context:
+            raise SimRequestError(
+                400,
+                "Requested token count exceeds the model's maximum context length of "
+                f"{context} tokens. You requested a total of {wanted + n} tokens: {n} tokens "
+                f"from the input messages and {wanted} tokens for the completion. Please reduce "
+                "the number of tokens in the input messages or the completion to fit within the limit.",
+            )
+        if any(t >= settings.vocab_size for t in prompt):
+            raise SimRequestError(400, f"The input_ids {prompt} contains values greater than the "
+                                       f"vocab size ({settings.vocab_size}).")
+        _verify(sp)
+        return _grammar(sp)
+
+    return check
+
+
+def _verify(sp: SamplingParams) -> None:
+    """SamplingParams.verify, the checks on what Chorus sends."""
+    if sp.temperature is not None and sp.temperature < 0:
+        raise SimRequestError(400, f"temperature must be a non-negative finite number, got {sp.temperature}.")
+    if sp.top_p is not None and not 0.0 < sp.top_p <= 1.0:
+        raise SimRequestError(400, f"top_p must be in (0, 1], got {sp.top_p}.")
+    if sp.max_new_tokens is not None and sp.max_new_tokens < 0:
+        raise SimRequestError(400, f"max_new_tokens must be at least 0, got {sp.max_new_tokens}.")
+    if sum(g is not None for g in (sp.json_schema, sp.regex, sp.ebnf)) > 1:
+        raise SimRequestError(400, "Only one of regex, json_schema, or ebnf can be set.")
+
+
+def _grammar(sp: SamplingParams) -> Constraint | None:
+    """The grammar key the scheduler compiles (json_schema, regex, ebnf, then structural_tag);
+    one xgrammar cannot compile aborts the request: "Invalid grammar request: ..." (400)."""
+    key: tuple[str, Any] | None = None
+    for name, value in (("json", sp.json_schema), ("regex", sp.regex), ("ebnf", sp.ebnf),
+                        ("structural_tag", sp.structural_tag or None)):
+        if value is not None:
+            key = (name, value)
+            break
+    if key is None:
+        return None
+    try:
+        if key[0] == "json":
+            schema = json.loads(key[1]) if key[1] != "$$ANY$$" else {}
+            check_schema(schema)
+            return Constraint(final_schema=schema)
+        if key[0] == "structural_tag":
+            if not isinstance(key[1], str):
+                raise GrammarError("the structural tag is not a string")
+            return constraint_of(check_structural_tag(key[1]))
+        if key[0] == "regex":
+            re.compile(key[1])
+        return None
+    except (GrammarError, ValueError, re.error) as exc:
+        raise GrammarRefused(400, f"Invalid grammar request: req.grammar_key={key!r}") from exc
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:
@@ -98,18 +190,24 @@ async def generate(request: Request) -> Response:
         prompt = sim.encoding.encode(body.text or "", allowed_special="all")
     sp = body.sampling_params
     rid = body.rid or uuid.uuid4().hex
-    max_new = sp.max_new_tokens
-    if max_new is not None:  # SGLang clips to the room left in the context
-        max_new = max(0, min(max_new, sim.settings.max_model_len - len(prompt) - 1))
+    allowed = room(sim.settings, len(prompt))  # the scheduler clips, null included
+    max_new = allowed if sp.max_new_tokens is None else min(sp.max_new_tokens, allowed)
     try:
         gen = prepare(
             sim.recorder, sim.encoding, sim.settings,
             request_id=rid, protocol="sglang", prompt_ids=prompt, max_tokens=max_new,
             stop_token_ids=sp.stop_token_ids or [], ignore_eos=sp.ignore_eos, stream=body.stream,
             params=body.model_dump(exclude={"input_ids", "text"}, exclude_none=True),
+            check=checks(sp, sim.settings),
         )
-    except SimRequestError as exc:
+    except StatusDirective as exc:
         return JSONResponse(error_body(exc.message, exc.status), status_code=exc.status)
+    except SimRequestError as exc:
+        if not body.stream:  # http_server: ValueError -> 400 {"error": {"message"}}
+            return JSONResponse(error_body(exc.message, exc.status), status_code=exc.status)
+        refusal = _grammar_abort(rid, len(prompt), exc.message) if isinstance(exc, GrammarRefused) \
+            else {"error": {"message": exc.message}}
+        return StreamingResponse(_refused(refusal), media_type="text/event-stream")
     if body.stream:
         return StreamingResponse(_stream(sim, gen, sp), media_type="text/event-stream")
     return await _whole(sim, gen, sp)
@@ -117,6 +215,21 @@ async def generate(request: Request) -> Response:
 
 def _abort_finish(message: str, status: int) -> dict[str, Any]:
     return {"type": "abort", "message": message, "status_code": status}
+
+
+def _grammar_abort(rid: str, prompt_tokens: int, message: str) -> dict[str, Any]:
+    """The one chunk of a request whose grammar did not compile (FINISH_ABORT, 400)."""
+    finish = {**_abort_finish(message, 400), "err_type": "BadRequestError"}
+    meta = {"id": rid, "finish_reason": finish, "prompt_tokens": prompt_tokens,
+            "completion_tokens": 0, "cached_tokens": 0}
+    return {"text": "", "output_ids": [], "meta_info": meta}
+
+
+async def _refused(event: dict[str, Any]) -> AsyncIterator[bytes]:
+    """A streamed request SGLang refuses: HTTP 200, then the refusal as one event (the
+    TokenizerManager's ValueError as ``{"error": {"message"}}``, a grammar abort as a chunk)."""
+    yield _dumps(event)
+    yield b"data: [DONE]\n\n"
 
 
 async def _stream(sim: SimState, gen: Generation, sp: SamplingParams) -> AsyncIterator[bytes]:

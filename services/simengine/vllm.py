@@ -5,29 +5,73 @@ vLLM's OpenAI-compatible server answers it (``return_token_ids``, ``stop_reason`
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from services.simengine.generation import (
     EOS_TOKEN_IDS,
+    Check,
     Generation,
+    GrammarRefused,
     IncrementalText,
     SimRequestError,
     decode_text,
     prepare,
 )
+from services.simengine.grammar import (
+    Constraint,
+    GrammarError,
+    check_schema,
+    check_structural_tag,
+    structured_outputs_constraint,
+)
+from services.simengine.settings import Settings
 from services.simengine.state import Recorder, SimState
+
+_CONSTRAINT_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
     include_usage: bool = False
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's StructuredOutputsParams: exactly one kind of constraint."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> StructuredOutputs:
+        fields = self.fields()
+        count = sum(fields[k] is not None for k in _CONSTRAINT_KINDS)
+        if count > 1:
+            raise ValueError("You can only use one kind of structured outputs constraint but "
+                             f"multiple are specified: {fields}")
+        if count < 1:
+            raise ValueError("You must use one kind of structured outputs constraint but none "
+                             f"are specified: {fields}")
+        return self
+
+    def fields(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True)
 
 
 class CompletionBody(BaseModel):
@@ -49,10 +93,72 @@ class CompletionBody(BaseModel):
     top_p: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
-def error_body(status: int, message: str, kind: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+def error_body(status: int, message: str, kind: str, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def _invalid(message: str, parameter: str | None = None, value: object = None) -> SimRequestError:
+    """vLLM's VLLMValidationError: 400, the parameter in ``param`` and after the message."""
+    extras = [f"{k}={v}" for k, v in (("parameter", parameter), ("value", value)) if v is not None]
+    text = f"{message} ({', '.join(extras)})" if extras else message
+    return SimRequestError(400, text, param=parameter)
+
+
+def checks(body: CompletionBody, settings: Settings) -> Check:
+    """What vLLM refuses before generating: its OpenAI server's ``_validate_input`` (prompt
+    and max_tokens against max_model_len), SamplingParams (max_tokens >= 1), token ids in the
+    vocabulary, and structured outputs that xgrammar cannot compile."""
+
+    def check(prompt: list[int]) -> Constraint | None:
+        n, limit = len(prompt), settings.max_model_len
+        if n >= limit:
+            raise _invalid(f"This model's maximum context length is {limit} tokens. However, your "
+                           f"request has {n} input tokens. Please reduce the length of the input "
+                           "messages.", "input_tokens", n)
+        wanted = body.max_tokens
+        if wanted is not None and n + wanted > limit:
+            raise _invalid(f"'max_tokens' or 'max_completion_tokens' is too large: {wanted}. This "
+                           f"model's maximum context length is {limit} tokens and your request "
+                           f"has {n} input tokens ({wanted} > {limit} - {n}).", "max_tokens", wanted)
+        if wanted is not None and wanted < 1:
+            raise _invalid(f"max_tokens must be at least 1, got {wanted}.", "max_tokens", wanted)
+        bad = max(prompt)
+        if bad >= settings.vocab_size or min(prompt) < 0:
+            raise _invalid(f"Token id {bad if bad >= settings.vocab_size else min(prompt)} is out of vocabulary")
+        return _structured(body.structured_outputs)
+
+    return check
+
+
+def _structured(params: StructuredOutputs | None) -> Constraint | None:
+    """backend_xgrammar.validate_xgrammar_grammar: the constraint compiles, or a 400."""
+    if params is None:
+        return None
+    fields = params.fields()
+    if params.json_ is not None:
+        try:
+            schema = json.loads(params.json_) if isinstance(params.json_, str) else params.json_
+        except ValueError as exc:
+            raise GrammarRefused(400, "Invalid JSON grammar specification.") from exc
+        try:
+            check_schema(schema)
+        except GrammarError as exc:
+            raise GrammarRefused(400, f"Failed to transform json schema into a grammar: {exc}") from exc
+        fields["json"] = schema
+    elif params.structural_tag is not None:
+        try:
+            check_structural_tag(params.structural_tag)
+        except GrammarError as exc:
+            raise GrammarRefused(400, "Invalid structural tag specification.") from exc
+    elif params.regex is not None:
+        try:
+            re.compile(params.regex)
+        except re.error as exc:
+            raise GrammarRefused(400, f"Failed to transform regex into a grammar: {exc}") from exc
+    return structured_outputs_constraint(fields)
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:
@@ -80,7 +186,8 @@ async def completions(request: Request) -> Response:
         body = CompletionBody.model_validate_json(await request.body())
     except ValidationError as exc:
         first = exc.errors()[0]
-        message = f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
+        where = ".".join(map(str, first["loc"]))
+        message = f"{where}: {first['msg']}" if where else first["msg"]
         return JSONResponse(error_body(400, message, "BadRequestError"), status_code=400)
     prompt = body.prompt
     if isinstance(prompt, str):
@@ -92,10 +199,11 @@ async def completions(request: Request) -> Response:
             request_id=request_id, protocol="vllm", prompt_ids=prompt,
             max_tokens=body.max_tokens, stop_token_ids=body.stop_token_ids or [],
             ignore_eos=body.ignore_eos, stream=body.stream,
-            params=body.model_dump(exclude={"prompt"}, exclude_none=True),
+            params=body.model_dump(exclude={"prompt"}, exclude_none=True, by_alias=True),
+            check=checks(body, sim.settings),
         )
     except SimRequestError as exc:
-        return JSONResponse(error_body(exc.status, exc.message, exc.kind), status_code=exc.status)
+        return JSONResponse(error_body(exc.status, exc.message, exc.kind, exc.param), status_code=exc.status)
     head = {
         "id": f"cmpl-{request_id}",
         "object": "text_completion",

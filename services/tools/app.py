@@ -7,25 +7,31 @@ import asyncio
 import logging
 
 from contracts.messages.items import McpToolInfo
-from services.common.runtime import add_health, make_broker, serve
+from services.common.runtime import Runtime, make_broker
 from services.tools.cache import TtlCache
+from services.tools.egress import EgressRules, Resolver, system_resolver
 from services.tools.handlers import register
-from services.tools.mcp_client import ConnectOptions, SessionPool, open_client
+from services.tools.mcp_client import ConnectOptions, SessionPool, checked_connector
 from services.tools.policy import ServerPolicy
 from services.tools.runner import ToolRunner
 from services.tools.settings import Settings
 
 
 def build_policy(settings: Settings) -> ServerPolicy:
-    return ServerPolicy(
-        settings.allowed_servers,
-        settings.builtin_tools,
+    rules = EgressRules(
         allow_loopback=settings.allow_loopback,
+        allow_private_networks=settings.allow_private_networks,
+        allow_metadata_addresses=settings.allow_metadata_addresses,
+    )
+    return ServerPolicy(
+        settings.allowed_servers, settings.builtin_tools, rules=rules,
         max_header_bytes=settings.max_header_bytes,
     )
 
 
-def build_pool(settings: Settings) -> SessionPool:
+def build_pool(settings: Settings, policy: ServerPolicy, resolve: Resolver) -> SessionPool:
+    """Sessions that connect only after the policy resolved and checked the server's host,
+    and only to the addresses it checked."""
     opts = ConnectOptions(
         connect_timeout_s=settings.connect_timeout_s,
         read_timeout_s=max(settings.max_call_timeout_s, settings.list_timeout_s),
@@ -33,7 +39,7 @@ def build_pool(settings: Settings) -> SessionPool:
         protocol_mode=settings.protocol_mode,
     )
     return SessionPool(
-        lambda server: open_client(server, opts),
+        checked_connector(lambda url: policy.addresses(url, resolve, settings.resolve_timeout_s), opts),
         connect_timeout_s=settings.connect_timeout_s,
         idle_s=settings.session_idle_s,
         max_sessions=settings.max_sessions,
@@ -41,9 +47,11 @@ def build_pool(settings: Settings) -> SessionPool:
 
 
 async def run(
-    settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None
+    settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None,
+    resolve: Resolver = system_resolver,
 ) -> None:
-    """Serve until ``stop`` (or a signal); ``ready`` is set once the handlers are subscribed."""
+    """Serve until ``stop`` (or a signal); ``ready`` is set once the handlers are subscribed.
+    ``resolve`` turns MCP server host names into addresses (tests pass a fake one)."""
     # the HTTP client logs every request (with its URL) at INFO
     for name in ("httpx2", "httpcore2"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -51,16 +59,14 @@ async def run(
         settings.list_cache_ttl_s, settings.list_cache_max_entries
     )
     policy = build_policy(settings)  # a bad allowlist entry fails here, at start-up
-    async with build_pool(settings) as pool:
+    async with build_pool(settings, policy, resolve) as pool:
         runner = ToolRunner(settings, policy, pool, listings)
         broker = make_broker(settings, "tools")
         register(broker, settings, runner)
-        add_health(broker, settings, "tools", lambda: (True, f"{len(pool)} MCP sessions"))
-
-        async def started() -> None:
-            # the subscriptions are on the server once it has answered a PING after them
-            await broker.connection.flush(timeout=5)
-            if ready is not None:
-                ready.set()
-
-        await serve(broker, on_start=started, stop=stop)
+        await broker.start()
+        try:
+            async with Runtime.start(settings, "tools", stop=stop, nc=broker.connection) as rt:
+                rt.ready = lambda: (True, f"{len(pool)} MCP sessions")
+                await rt.serve(ready=ready)
+        finally:
+            await broker.stop()

@@ -10,6 +10,11 @@ A caller's headers travel only to its own server: they are set on an HTTP client
 one session, redirects are followed only within the server's origin (the SDK's rule), an SSE
 endpoint on another origin is refused (the SDK's rule too), and proxies / .netrc from the
 environment are ignored.
+
+Every session's HTTP client is pinned to the addresses the policy checked when it opened
+(``PinnedTransport``): the TCP connection goes to a checked IP while the Host header and TLS
+(SNI and the certificate check) keep the server's name, so a DNS answer that changes between
+the check and the connection (rebinding) is never used.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +37,8 @@ from mcp.types import CONNECTION_CLOSED, Implementation
 
 from contracts.messages.tools import McpServer
 from services.tools.cache import ServerKey
-from services.tools.results import describe
+from services.tools.egress import IPAddress, parse_ip
+from services.tools.results import describe, leaf_exception
 
 log = logging.getLogger("chorus.tools")
 
@@ -41,7 +47,18 @@ CLIENT_INFO = Implementation(name="chorus-tools", version="0.1.0")
 
 class ConnectFailed(ConnectionError):
     """No MCP session could be opened: unreachable, refused, no handshake in time, or a
-    handshake the server answered with an error."""
+    handshake the server answered with an error. ``unreachable`` says the network failed
+    (name lookup, TCP connect, no handshake in time): that does not depend on who asked, the
+    rest (a refused destination, a handshake error) may."""
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+def _network_failure(exc: BaseException) -> bool:
+    leaf = leaf_exception(exc)
+    return isinstance(leaf, httpx2.ConnectError | httpx2.ConnectTimeout | OSError)
 
 
 class ResponseTooLarge(httpx2.StreamError):
@@ -80,8 +97,8 @@ class CappedTransport(httpx2.AsyncBaseTransport):
     an error answer to the one request, where an exception from sending would take the whole
     session down."""
 
-    def __init__(self, max_bytes: int) -> None:
-        self._inner = httpx2.AsyncHTTPTransport(trust_env=False)
+    def __init__(self, inner: httpx2.AsyncBaseTransport, max_bytes: int) -> None:
+        self._inner = inner
         self._max_bytes = max_bytes
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
@@ -101,6 +118,47 @@ class CappedTransport(httpx2.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+class PinnedTransport(httpx2.AsyncBaseTransport):
+    """Sends the requests for ``host`` to ``addresses`` (checked by the policy), in order until
+    one accepts the connection, and refuses requests for any other host. The URL's host becomes
+    the address; the Host header (set by the client from the URL) and the TLS server name stay
+    ``host``."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, host: str, addresses: Sequence[IPAddress]) -> None:
+        if not addresses:
+            raise ValueError("a pinned transport needs at least one address")
+        self._inner = inner
+        self._host = host
+        self._addresses = list(addresses)
+        self._tls_name = None if parse_ip(host) is not None else host
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.url.host != self._host:
+            raise httpx2.ConnectError("not the checked MCP server's host", request=request)
+        extensions = dict(request.extensions)
+        if self._tls_name is not None:
+            extensions["sni_hostname"] = self._tls_name
+        for address in list(self._addresses):
+            pinned = httpx2.Request(
+                request.method, request.url.copy_with(host=str(address)), headers=request.headers,
+                stream=request.stream, extensions=extensions,
+            )
+            try:
+                response = await self._inner.handle_async_request(pinned)
+            except (httpx2.ConnectError, httpx2.ConnectTimeout):  # nothing was sent
+                if address == self._addresses[-1]:
+                    raise
+                continue
+            if address != self._addresses[0]:  # later connections start with the one that works
+                self._addresses.remove(address)
+                self._addresses.insert(0, address)
+            return response
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 @dataclass(frozen=True)
 class ConnectOptions:
     connect_timeout_s: float
@@ -114,28 +172,34 @@ def is_sse_url(url: str) -> bool:
     return httpx2.URL(url).path.rstrip("/").endswith("/sse")
 
 
-def _http_client(headers: dict[str, str], opts: ConnectOptions) -> httpx2.AsyncClient:
+def _http_client(headers: dict[str, str], opts: ConnectOptions, pin: PinnedTransport) -> httpx2.AsyncClient:
     return httpx2.AsyncClient(
         headers=headers,
         timeout=httpx2.Timeout(opts.read_timeout_s, connect=opts.connect_timeout_s),
-        transport=CappedTransport(opts.max_response_bytes),
+        transport=CappedTransport(pin, opts.max_response_bytes),
         follow_redirects=False,
         trust_env=False,
     )
 
 
 @contextlib.asynccontextmanager
-async def _streamable_http(url: str, headers: dict[str, str], opts: ConnectOptions) -> AsyncIterator[Any]:
+async def _streamable_http(
+    url: str, headers: dict[str, str], opts: ConnectOptions, pin: PinnedTransport
+) -> AsyncIterator[Any]:
     async with (
-        _http_client(headers, opts) as http,
+        _http_client(headers, opts, pin) as http,
         streamable_http_client(url, http_client=http, max_sse_event_size=opts.max_response_bytes) as streams,
     ):
         yield streams
 
 
-def open_client(server: McpServer, opts: ConnectOptions) -> Client:
-    """An (unentered) SDK client for ``server``: streamable HTTP, or SSE for ``.../sse``."""
+def open_client(server: McpServer, opts: ConnectOptions, addresses: Sequence[IPAddress]) -> Client:
+    """An (unentered) SDK client for ``server``, connecting only to ``addresses`` (checked for
+    its host): streamable HTTP, or SSE for ``.../sse``."""
     headers = dict(server.headers)
+    pin = PinnedTransport(
+        httpx2.AsyncHTTPTransport(trust_env=False), httpx2.URL(server.server_url).host, addresses
+    )
     if is_sse_url(server.server_url):
 
         def factory(
@@ -143,18 +207,33 @@ def open_client(server: McpServer, opts: ConnectOptions) -> Client:
             timeout: httpx2.Timeout | None = None,
             auth: httpx2.Auth | None = None,
         ) -> httpx2.AsyncClient:
-            return _http_client(headers or {}, opts)
+            return _http_client(headers or {}, opts, pin)
 
         transport: Any = sse_client(
             server.server_url, headers=headers, timeout=opts.connect_timeout_s,
             sse_read_timeout=opts.read_timeout_s, httpx_client_factory=factory,
         )
     else:
-        transport = _streamable_http(server.server_url, headers, opts)
+        transport = _streamable_http(server.server_url, headers, opts, pin)
     return Client(transport, mode=opts.protocol_mode, cache=None, client_info=CLIENT_INFO)
 
 
 Connector = Callable[[McpServer], AbstractAsyncContextManager[Client]]
+
+
+def checked_connector(
+    addresses: Callable[[str], Awaitable[Sequence[IPAddress]]], opts: ConnectOptions
+) -> Connector:
+    """Connects to a server only after ``addresses(url)`` (the policy's resolve-and-check)
+    has answered, and only to those addresses."""
+
+    @contextlib.asynccontextmanager
+    async def connect(server: McpServer) -> AsyncIterator[Client]:
+        checked = await addresses(server.server_url)
+        async with open_client(server, opts, checked) as client:
+            yield client
+
+    return connect
 
 
 @dataclass(eq=False)
@@ -268,9 +347,11 @@ class SessionPool:
                     async with asyncio.timeout(self._connect_timeout_s):
                         client = await stack.enter_async_context(self._connect(entry.server))
                 except TimeoutError as exc:
-                    raise ConnectFailed(f"no MCP handshake within {self._connect_timeout_s:g}s") from exc
+                    raise ConnectFailed(
+                        f"no MCP handshake within {self._connect_timeout_s:g}s", unreachable=True
+                    ) from exc
                 except Exception as exc:
-                    raise ConnectFailed(describe(exc)) from exc
+                    raise ConnectFailed(describe(exc), unreachable=_network_failure(exc)) from exc
                 entry.ready.set_result(client)
                 log.debug("MCP session open: %s", entry.key)
                 await self._hold(entry)

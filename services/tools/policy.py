@@ -1,23 +1,37 @@
 """Which MCP servers the tools service may connect to, and which caller headers it sends.
 
-``server_url`` comes from API callers and Chorus connects out to it, so every URL is checked
-against an allowlist before any connection: configured hosts / URL prefixes, the built-in
-tool servers, and (unless turned off) loopback addresses. URLs are parsed with httpx2, the
-parser the MCP transports connect with, so the check and the connection see the same host.
+``server_url`` comes from API callers and Chorus connects out to it. Two checks guard it:
+
+- here, before anything else: the URL is well formed (absolute http(s), no credentials), the
+  headers are sane, built-ins exist. A failure is the caller's mistake (``PolicyError``, a 400)
+  and depends on the request's text alone, never on the network.
+- ``ServerPolicy.addresses``, when a session is opened: how the URL matches the allowlist
+  (``CHORUS_ALLOWED_SERVERS`` entries and the built-in tool servers: exact or wildcard), then
+  every address its host resolves to is checked (see ``egress`` for the rules). A refusal
+  (``egress.Refused``) is reported to the caller exactly like an unreachable server.
+
+URLs are parsed with httpx2, the parser the MCP transports use, so the check and the
+connection see the same host; the connection goes to a checked address (``mcp_client``).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import logging
 import re
 from dataclasses import dataclass
 
 import httpx2
 
 from contracts.messages.tools import BUILTIN_URL_SCHEME, McpServer
-
-log = logging.getLogger("chorus.tools")
+from services.tools.egress import (
+    EgressRules,
+    IPAddress,
+    Listing,
+    Refused,
+    Resolver,
+    check_addresses,
+    resolve_host,
+)
 
 _SCHEMES = ("http", "https")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -60,9 +74,13 @@ class _Host:
     def matches(self, host: str, port: int) -> bool:
         if self.port is not None and port != self.port:
             return False
-        if self.host.startswith("."):
+        if self.wildcard:
             return host.endswith(self.host)
         return host == self.host
+
+    @property
+    def wildcard(self) -> bool:
+        return self.host.startswith(".")
 
 
 def _port(url: httpx2.URL) -> int:
@@ -73,14 +91,11 @@ def _path(url: httpx2.URL) -> bytes:
     return url.raw_path.split(b"?", 1)[0]
 
 
-def is_loopback(host: str) -> bool:
-    """``localhost`` or a loopback IP literal; names are never resolved here."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def origin(url: str) -> str:
+    """``scheme://host:port`` of a URL that ``ServerPolicy.resolve`` accepted: one server."""
+    parsed = httpx2.URL(url)
+    host = f"[{parsed.host}]" if ":" in parsed.host else parsed.host
+    return f"{parsed.scheme}://{host}:{_port(parsed)}"
 
 
 def _parse_url(url: str) -> httpx2.URL:
@@ -121,20 +136,20 @@ def _parse_entry(entry: str) -> _Prefix | _Host:
 
 
 class ServerPolicy:
-    """The allowlist and the built-in servers, built once from settings."""
+    """The allowlist, the address rules and the built-in servers, built once from settings."""
 
     def __init__(
         self,
         allowed_servers: list[str],
         builtin_tools: dict[str, str],
         *,
-        allow_loopback: bool,
+        rules: EgressRules,
         max_header_bytes: int,
     ) -> None:
         self._builtins = dict(builtin_tools)
         entries = [*allowed_servers, *builtin_tools.values()]
-        self._rules = [_parse_entry(e) for e in entries if e.strip()]
-        self._allow_loopback = allow_loopback
+        self._entries = [_parse_entry(e) for e in entries if e.strip()]
+        self.rules = rules
         self._max_header_bytes = max_header_bytes
 
     def builtin(self, name: str) -> McpServer:
@@ -146,31 +161,43 @@ class ServerPolicy:
         return McpServer(server_label=name, server_url=url)
 
     def resolve(self, server: McpServer) -> McpServer:
-        """The server to connect to: built-ins resolved, URL allowed, headers checked and
-        stripped of those the transport owns. Raises ``PolicyError`` otherwise."""
+        """The server to connect to: built-ins resolved, URL well formed, headers checked and
+        stripped of those the transport owns. Raises ``PolicyError`` otherwise. Whether the
+        destination is allowed is decided when connecting (``addresses``)."""
         if server.server_url.startswith(BUILTIN_URL_SCHEME):
             url = self.builtin(server.server_url.removeprefix(BUILTIN_URL_SCHEME)).server_url
         else:
             url = server.server_url
-            self.check_url(url)
+            _parse_url(url)
         headers = self.check_headers(server.headers)
         return server.model_copy(update={"server_url": url, "headers": headers})
 
-    def check_url(self, url: str) -> None:
+    def listing(self, url: str) -> Listing:
+        """How ``url`` matches the allowlist: an exact entry wins over a wildcard."""
         parsed = _parse_url(url)
         scheme, host, port, path = parsed.scheme, parsed.host, _port(parsed), _path(parsed)
-        if self._allow_loopback and is_loopback(host):
-            return
-        for rule in self._rules:
-            ok = rule.matches(scheme, host, port, path) if isinstance(rule, _Prefix) else (
-                rule.matches(host, port))
-            if ok:
-                return
-        log.info("refused MCP server %s://%s:%d (not in allowed_servers)", scheme, host, port)
-        raise PolicyError(
-            f"MCP server_url {url!r} is not allowed: this deployment only connects to the "
-            "MCP servers its operator has allowed"
-        )
+        found = Listing.NONE
+        for entry in self._entries:
+            if isinstance(entry, _Prefix):
+                if entry.matches(scheme, host, port, path):
+                    return Listing.EXACT
+            elif entry.matches(host, port):
+                if not entry.wildcard:
+                    return Listing.EXACT
+                found = Listing.WILDCARD
+        return found
+
+    async def addresses(self, url: str, resolve: Resolver, timeout_s: float) -> list[IPAddress]:
+        """The checked addresses to connect to for ``url``, in the resolver's order. Raises
+        ``Refused`` when any is not permitted, ``OSError`` when the host does not resolve.
+        A URL outside the allowlist is refused without a lookup when no address could pass."""
+        parsed = _parse_url(url)
+        listing = self.listing(url)
+        if listing is Listing.NONE and not self.rules.opens_unlisted():
+            raise Refused(f"{parsed.host!r} matches no allowed_servers entry")
+        found = await resolve_host(parsed.host, _port(parsed), resolve, timeout_s)
+        check_addresses(parsed.host, found, self.rules, listing)
+        return found
 
     def check_headers(self, headers: dict[str, str]) -> dict[str, str]:
         size = 0

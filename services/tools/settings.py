@@ -12,9 +12,12 @@ class Settings(BusSettings):
 
     ``server_url`` arrives from API callers, so outbound connections are allowlisted:
     ``allowed_servers`` entries are host names (``mcp.example.com``, ``*.example.com``),
-    ``host:port``, or URL prefixes (``https://mcp.example.com/v1/``); loopback addresses
-    pass while ``allow_loopback`` is on (turn it off in production); every
-    ``builtin_tools`` URL passes. Lists and dicts are JSON in the environment, e.g.
+    ``host:port``, or URL prefixes (``https://mcp.example.com/v1/``); every ``builtin_tools``
+    URL passes too. Host names are resolved and every address is checked (``egress``):
+    loopback addresses need ``allow_loopback`` (``chorus up`` bound to a loopback address
+    turns it on), private and link-local ones ``allow_private_networks``, unless an exact
+    entry names the server; cloud metadata addresses need ``allow_metadata_addresses`` on
+    top. Lists and dicts are JSON in the environment, e.g.
     ``CHORUS_ALLOWED_SERVERS='["mcp.example.com"]'``,
     ``CHORUS_BUILTIN_TOOLS='{"browser": "http://browser:8080/mcp"}'``.
 
@@ -24,14 +27,17 @@ class Settings(BusSettings):
     """
 
     allowed_servers: list[str] = Field(default_factory=list)
-    allow_loopback: bool = True
+    allow_loopback: bool = False
+    allow_private_networks: bool = False
+    allow_metadata_addresses: bool = False
     builtin_tools: dict[str, str] = Field(default_factory=dict)
 
     # protocol negotiation: "auto" probes server/discover then falls back to initialize
     protocol_mode: Literal["auto", "legacy"] = "auto"
 
     # time caps (seconds)
-    connect_timeout_s: float = 10.0  # TCP connect and MCP handshake
+    connect_timeout_s: float = 10.0  # name lookup, TCP connect and MCP handshake
+    resolve_timeout_s: float = 5.0  # one name lookup (all its A/AAAA answers)
     list_timeout_s: float = 30.0  # a whole tools/list (all pages)
     max_call_timeout_s: float = 120.0  # caps CallToolRequest.timeout_s
 
@@ -49,3 +55,9 @@ class Settings(BusSettings):
     session_idle_s: float = 60.0
     max_sessions: int = 256
     max_concurrency: int = 128  # requests handled at once by one replica
+
+    # per server (scheme://host:port), so one dead or slow server cannot hold every slot
+    max_concurrency_per_server: int = 8  # calls and listings running against it at once
+    max_waiting_per_server: int = 16  # more wait for a slot; beyond that they fail at once
+    server_queue_timeout_s: float = 5.0  # a waiting call fails after this long
+    unreachable_ttl_s: float = 5.0  # an unreachable server fails fast this long (0: off)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contracts.errors import ErrorCode
-from contracts.messages.generate import GenerateRequest, SamplingParams
+from contracts.messages.generate import GenerateRequest, ParseSpec, Route, SamplingParams
 from services.common.harmony import CALL, RETURN
+from services.dispatcher.engines import make_adapter
 from services.dispatcher.engines.base import error_for_status, error_message
 from services.dispatcher.engines.sglang import SglangDecoder, generate_body
 from services.dispatcher.engines.vllm import VllmDecoder, completion_body
@@ -19,8 +21,9 @@ from services.dispatcher.settings import Settings
 from services.dispatcher.workers import RoundRobin, parse_workers
 
 REQ = GenerateRequest(
-    request_id="r1", model="openai/gpt-oss-20b", prompt_token_ids=[1, 2, 3],
-    stop_token_ids=[RETURN, CALL], token_subject="t.tokens.x",
+    generation_id="r1", model="openai/gpt-oss-20b", prompt_token_ids=[1, 2, 3],
+    stop_token_ids=[RETURN, CALL], parse=ParseSpec(request_id="r1"),
+    route=Route(gateway="g", parser="p"), deadline=2e9,
     sampling=SamplingParams(temperature=0.5, top_p=0.9, seed=7, stop=["END"]),
 )
 
@@ -36,15 +39,24 @@ def test_vllm_body_is_the_reference_shape() -> None:
 
 
 def test_sglang_body_always_sets_max_new_tokens() -> None:
-    body = generate_body(REQ, 131072)
+    """Absent means SGLang's 128; without a client limit it is null (the scheduler clips it to
+    the room left), never a number that could reach the context length (a 400)."""
+    body = generate_body(REQ)
     assert body["input_ids"] == [1, 2, 3] and body["rid"] == "r1" and body["stream"] is True
     sp = body["sampling_params"]
-    assert sp["max_new_tokens"] == 131072
+    assert "max_new_tokens" in sp and sp["max_new_tokens"] is None
+    assert b'"max_new_tokens":null' in orjson.dumps(body)
     assert sp["stop_token_ids"] == [RETURN, CALL]
     assert sp["skip_special_tokens"] is False and sp["no_stop_trim"] is True
     assert (sp["temperature"], sp["top_p"], sp["stop"]) == (0.5, 0.9, ["END"])
     capped = REQ.model_copy(update={"sampling": SamplingParams(max_tokens=64)})
-    assert generate_body(capped, 131072)["sampling_params"]["max_new_tokens"] == 64
+    assert generate_body(capped)["sampling_params"]["max_new_tokens"] == 64
+    assert generate_body(REQ, 4096)["sampling_params"]["max_new_tokens"] == 4096  # a set default
+    assert "structural_tag" not in sp
+    # the dispatcher's setting: 0 (its default) is null
+    assert Settings().sglang_default_max_tokens == 0
+    adapter = make_adapter("sglang", sglang_default_max_tokens=Settings().sglang_default_max_tokens)
+    assert adapter.request(REQ)[1]["sampling_params"]["max_new_tokens"] is None
 
 
 def _vllm(ids: list[int] | None, finish: str | None = None, stop_reason: Any = None) -> dict[str, Any]:
@@ -139,6 +151,25 @@ def test_error_for_status(status: int, message: str, code: ErrorCode) -> None:
     assert error_for_status(status, message).code == code
 
 
+def test_stream_error_events_say_whose_fault() -> None:
+    """An ``{"error"}`` event's code decides; SGLang's carry none and are its TokenizerManager
+    refusing the request (a ValueError: the caller's), vLLM's carry one."""
+    from services.dispatcher.engines.stream import decode_event
+
+    context = b'{"error": {"message": "Requested token count exceeds the model\'s maximum context length of 8 tokens."}}'
+    chunk = decode_event(SglangDecoder("auto"), context)
+    assert chunk is not None and chunk.finish_reason == "error" and chunk.error is not None
+    assert chunk.error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED and not chunk.error.retryable
+    bad = decode_event(SglangDecoder("auto"), b'{"error": {"message": "top_p must be in (0, 1], got 2."}}')
+    assert bad is not None and bad.error is not None and bad.error.code == ErrorCode.INVALID_REQUEST
+    crash = decode_event(VllmDecoder([RETURN]), b'{"error": {"message": "boom", "code": 500}}')
+    assert crash is not None and crash.error is not None and crash.error.code == ErrorCode.ENGINE_ERROR
+    refused = decode_event(VllmDecoder([RETURN]), b'{"error": {"message": "no", "code": 400}}')
+    assert refused is not None and refused.error is not None and refused.error.code == ErrorCode.INVALID_REQUEST
+    plain = decode_event(VllmDecoder([RETURN]), b'{"error": "gone"}')
+    assert plain is not None and plain.error is not None and plain.error.code == ErrorCode.ENGINE_ERROR
+
+
 def test_error_message_shapes() -> None:
     assert error_message({"error": {"message": "a"}}, "d") == "a"
     assert error_message({"object": "error", "message": "b"}, "d") == "b"
@@ -218,8 +249,7 @@ def test_sglang_auto_mode_recovers_any_stream(
 ))
 def test_decoders_never_raise_on_odd_events(event: object) -> None:
     """Engine output is not trusted: odd events give a chunk, nothing, or an error chunk."""
-    from services.dispatcher.engines.stream import EngineStream
+    from services.dispatcher.engines.stream import decode_event
 
     for decoder in (VllmDecoder([RETURN]), SglangDecoder("auto")):
-        stream = EngineStream(None, decoder, "http://engine")  # type: ignore[arg-type]
-        stream._decode(json.dumps(event).encode())
+        decode_event(decoder, json.dumps(event).encode())

@@ -1,55 +1,74 @@
-"""The dispatcher service over real NATS, in front of the stand-in engine (in this process)."""
+"""The dispatcher service over real NATS, in front of the simulated engine (in this process).
+
+The test plays the encoder (``GenerateRequest`` on the generate subject), the owning gateway
+(``EventFrame``s on its events subject, heartbeats) and the parser worker (``TokenFrame``s on
+its tokens subject)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import time
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
-import nats
 import pytest
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-from pydantic import TypeAdapter
 
-from contracts.errors import BusError, ErrorCode
-from contracts.messages.control import Cancel, Ping, Pong
+from contracts.errors import ErrorCode
+from contracts.messages.control import Cancel, Heartbeat
 from contracts.messages.generate import (
-    GenerateAccepted,
-    GenerateReply,
+    EventFrame,
+    GatewayEvent,
     GenerateRequest,
-    SamplingParams,
+    GenerationAccepted,
+    GenerationFailed,
+    ParseSpec,
     TokenBatch,
+    TokenFrame,
 )
-from contracts.subjects import REQUEST_ID_HEADER, Subjects
-from services.common import bus
-from services.common.harmony import CALL, RETURN, harmony_encoding
+from contracts.subjects import Subjects
+from services.common.bus import Bus
+from services.common.harmony import CALL, harmony_encoding
 from services.dispatcher.app import run
 from services.dispatcher.service import Dispatcher
 from services.dispatcher.settings import Settings
 from services.simengine.app import RunningSim, serving
 from services.simengine.script import plan
 from services.simengine.settings import Settings as SimSettings
+from tests.bus import ByGeneration, Tap, adapter, client, generate_request, running
 from tests.simengine.prompts import WEATHER, user_prompt
 
 ENC = harmony_encoding()
-REPLY: TypeAdapter[GenerateAccepted] = TypeAdapter(GenerateReply)  # type: ignore[arg-type]
-SLOW = "keep going [[sim:tokens=5000]] [[sim:delay_ms=5]]"
+SLOW = "keep going [[sim:tokens=5000]] [[sim:delay_ms=5]]"  # 25 s unless ended early
+TOOL_PROMPT = user_prompt("Weather in Oslo please", [WEATHER])  # the script calls get_weather
+
+
+def new_id(name: str) -> str:
+    """Generation ids are engine request ids: unique, since the simulators outlive a test."""
+    return f"{name}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(scope="module")
 async def sim() -> AsyncIterator[RunningSim]:
-    async with serving(SimSettings(protocol="both")) as running:
-        yield running
+    async with serving(SimSettings(protocol="both")) as running_sim:
+        yield running_sim
 
 
 @pytest.fixture(scope="module")
 async def sim_incremental() -> AsyncIterator[RunningSim]:
-    async with serving(SimSettings(protocol="sglang", sglang_incremental=True, tokens_per_chunk=4)) as running:
-        yield running
+    async with serving(SimSettings(protocol="sglang", sglang_incremental=True, tokens_per_chunk=4)) as running_sim:
+        yield running_sim
+
+
+@pytest.fixture(scope="module")
+async def sim_prefill() -> AsyncIterator[RunningSim]:
+    """First tokens 100 ms after the engine answered: the opening batch goes out alone."""
+    async with serving(SimSettings(protocol="both", prefill_delay_ms=100)) as running_sim:
+        yield running_sim
 
 
 @pytest.fixture
@@ -61,277 +80,437 @@ def dead_url() -> Iterator[str]:
 
 
 @dataclass
-class Bus:
-    nc: NatsClient
-    subjects: Subjects
+class Stack:
+    """A running dispatcher, and the test in the roles around it: the encoder sending
+    requests, gateway g1 reading its events, parser p1 reading its tokens."""
+
+    bus: Bus  # the test's own connection
     settings: Settings
+    stop: asyncio.Event  # set: the dispatcher drains and stops
+    tokens: ByGeneration[TokenBatch]  # parser p1
+    events: ByGeneration[GatewayEvent]  # gateway g1
+    beats: Tap[Heartbeat]  # the dispatcher's heartbeats
 
-    async def generate(self, req: GenerateRequest, timeout: float = 10) -> GenerateAccepted:
-        return await bus.request(self.nc, self.subjects.generate, req, REPLY,
-                                 request_id=req.request_id, timeout=timeout, service="dispatcher")
+    async def send(self, req: GenerateRequest | bytes) -> None:
+        await self.bus.publish(self.bus.subjects.generate, req)
 
-    async def ping(self) -> Pong:
-        return await bus.request(self.nc, self.subjects.health("dispatcher"), Ping(),
-                                 TypeAdapter(Pong), request_id="ping", timeout=5, service="dispatcher")
+    async def cancel(self, generation_id: str) -> None:
+        await self.bus.publish(self.bus.subjects.cancel, Cancel(generation_id=generation_id))
 
+    async def gateway_beat(self, instance: str, interval_s: float, *, stopping: bool = False) -> None:
+        await self.bus.publish(self.bus.subjects.heartbeat("gateway"), Heartbeat(
+            service="gateway", instance=instance, interval_s=interval_s, stopping=stopping))
 
-@contextlib.asynccontextmanager
-async def dispatcher(nats_url: str, namespace: str, engines: list[str], **kw: object) -> AsyncIterator[Bus]:
-    settings = Settings(nats_url=nats_url, namespace=namespace, engines=engines, **kw)  # type: ignore[arg-type]
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run(settings, stop, ready=ready))
-    nc = await nats.connect(nats_url)
-    try:
-        waiter = asyncio.ensure_future(ready.wait())
-        await asyncio.wait((waiter, task), timeout=10, return_when=asyncio.FIRST_COMPLETED)
-        if task.done():
-            waiter.cancel()
-            await task  # raises what failed
-        assert ready.is_set(), "the dispatcher did not start"
-        yield Bus(nc, settings.subjects, settings)
-    finally:
-        await nc.close()
-        stop.set()
-        await asyncio.wait_for(task, 10)
+    async def accepted(self, generation_id: str, timeout: float = 5) -> GenerationAccepted:
+        event = await self.events.next(generation_id, timeout)
+        assert isinstance(event, GenerationAccepted), event
+        return event
 
+    async def failed(self, generation_id: str, timeout: float = 5) -> GenerationFailed:
+        event = await self.events.next(generation_id, timeout)
+        assert isinstance(event, GenerationFailed), event
+        assert event.stage == "dispatcher"
+        return event
 
-class Tokens:
-    """A token subject and the batches arriving on it."""
-
-    def __init__(self, nc: NatsClient, subject: str) -> None:
-        self.nc, self.subject = nc, subject
-        self.queue: asyncio.Queue[tuple[TokenBatch, str | None]] = asyncio.Queue()
-
-    async def __aenter__(self) -> Tokens:
-        async def on(msg: Msg) -> None:
-            self.queue.put_nowait((TokenBatch.model_validate_json(msg.data),
-                                   (msg.headers or {}).get(REQUEST_ID_HEADER)))
-
-        self.sub = await self.nc.subscribe(self.subject, cb=on)
-        await self.nc.flush()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.sub.unsubscribe()
-
-    async def next(self, timeout: float = 5) -> TokenBatch:
-        batch, header = await asyncio.wait_for(self.queue.get(), timeout)
-        assert header == batch.request_id
-        return batch
-
-    async def until_done(self, timeout: float = 10, first_seq: int = 0) -> list[TokenBatch]:
+    async def stream(self, generation_id: str, timeout: float = 10) -> list[TokenBatch]:
+        """The generation's batches (those not read yet) up to the done one."""
         out: list[TokenBatch] = []
         async with asyncio.timeout(timeout):
             while not out or not out[-1].done:
-                out.append(await self.next(timeout))
-        assert [b.seq for b in out] == list(range(first_seq, first_seq + len(out)))
+                out.append(await self.tokens.next(generation_id, timeout))
         return out
 
+    async def beat(self, timeout: float = 5) -> Heartbeat:
+        """The dispatcher's next heartbeat."""
+        while True:
+            beat = await self.beats.next(timeout)
+            if beat.instance == self.settings.instance_id:
+                return beat
 
-def gen_request(bus_: Bus, prompt: list[int], rid: str, **sampling: object) -> GenerateRequest:
-    return GenerateRequest(
-        request_id=rid, model="openai/gpt-oss-20b", prompt_token_ids=prompt,
-        stop_token_ids=[RETURN, CALL], token_subject=bus_.subjects.parser_tokens("test"),
-        sampling=SamplingParams(**sampling),  # type: ignore[arg-type]
-    )
+
+@contextlib.asynccontextmanager
+async def dispatcher(nats_url: str, namespace: str, engines: list[str], **kw: Any) -> AsyncIterator[Stack]:
+    """The dispatcher's subjects are tapped before it starts; the taps outlive it."""
+    settings = Settings(nats_url=nats_url, namespace=namespace, engines=engines, **kw)
+    subjects = settings.subjects
+    async with client(nats_url, namespace) as c, \
+            Tap(c.nc, subjects.parser_tokens("p1"), adapter(TokenFrame)) as tokens, \
+            Tap(c.nc, subjects.gateway_events("g1"), adapter(EventFrame)) as events, \
+            Tap(c.nc, subjects.heartbeat("dispatcher"), adapter(Heartbeat)) as beats, \
+            running(run, settings) as stop:
+        yield Stack(c, settings, stop, ByGeneration(tokens, lambda f: f.batches),
+                    ByGeneration(events, lambda f: f.events), beats)
 
 
+def ids(batches: list[TokenBatch]) -> list[int]:
+    return [t for b in batches for t in b.token_ids]
+
+
+def check_stream(batches: list[TokenBatch], generation_id: str) -> None:
+    """One whole stream: opened once by the first batch, offsets that follow each other,
+    done only at the end."""
+    first = batches[0]
+    assert first.open == ParseSpec(request_id=generation_id) and first.gateway == "g1"
+    assert first.offset == 0
+    assert all(b.open is None for b in batches[1:])
+    offset = 0
+    for b in batches:
+        assert b.offset == offset, [(x.offset, len(x.token_ids)) for x in batches]
+        offset += len(b.token_ids)
+    assert [b.done for b in batches] == [False] * (len(batches) - 1) + [True]
+
+
+# the stream --------------------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["sim", "vllm", "sglang", "sglang-incremental"])
 async def test_generate_streams_token_batches(
     nats_url: str, namespace: str, sim: RunningSim, sim_incremental: RunningSim, kind: str
 ) -> None:
-    engine = f"sglang={sim_incremental.url}" if kind == "sglang-incremental" else f"{kind}={sim.url}"
-    async with dispatcher(nats_url, namespace, [engine]) as b:
-        prompt = user_prompt("Weather in Oslo please", [WEATHER])
-        req = gen_request(b, prompt, f"g-{kind}")
-        async with Tokens(b.nc, req.token_subject) as tokens:
-            accepted = await b.generate(req)
-            assert accepted.engine == kind.split("-")[0] and accepted.worker.startswith("http://")
-            batches = await tokens.until_done()
-    expected = plan(prompt, ENC).output_ids
-    assert [t for x in batches for t in x.token_ids] == expected
+    engine = sim_incremental if kind == "sglang-incremental" else sim
+    expected = plan(TOOL_PROMPT, ENC).output_ids
+    g = new_id(kind)
+    async with dispatcher(nats_url, namespace, [f"{kind.split('-')[0]}={engine.url}"]) as d:
+        await d.send(generate_request(g, TOOL_PROMPT))
+        accepted = await d.accepted(g)
+        batches = await d.stream(g)
+    assert accepted.dispatcher == d.settings.instance_id
+    assert (accepted.worker, accepted.engine) == (engine.url, kind.split("-")[0])
+    assert accepted.prompt_tokens == len(TOOL_PROMPT)
+    check_stream(batches, g)
+    assert ids(batches) == expected and expected[-1] == CALL
     last = batches[-1]
     assert (last.finish_reason, last.stop_token_id, last.error) == ("stop", CALL, None)
     assert last.usage is not None
-    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (len(prompt), len(expected))
-    if kind == "sglang-incremental":
-        assert all(len(x.token_ids) <= 4 for x in batches)  # as the engine chunked it
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (len(TOOL_PROMPT), len(expected))
+    if kind == "sglang-incremental":  # deltas of 4 tokens, as the engine sent them
+        assert all(len(b.token_ids) % 4 == 0 for b in batches[:-1])
 
 
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+async def test_resume_continues_an_interrupted_output(
+    nats_url: str, namespace: str, sim_prefill: RunningSim, kind: str
+) -> None:
+    """The tokens an earlier attempt produced open the stream; the engine is given them after
+    the prompt, continues from there, and usage counts the whole output."""
+    expected = plan(TOOL_PROMPT, ENC).output_ids
+    k = 5
+    assert len(expected) > k + 3
+    g, short = new_id("resume"), new_id("resume-short")
+    async with dispatcher(nats_url, namespace, [f"{kind}={sim_prefill.url}"]) as d:
+        await d.send(generate_request(g, TOOL_PROMPT, resume_tokens=expected[:k]))
+        assert (await d.accepted(g)).prompt_tokens == len(TOOL_PROMPT)
+        batches = await d.stream(g)
+        record = await sim_prefill.recorder.wait_for(g)
+        # the output budget counts the resumed tokens
+        await d.send(generate_request(short, TOOL_PROMPT, resume_tokens=expected[:k], max_tokens=k + 3))
+        clipped = await d.stream(short)
+    assert record.prompt_token_ids == [*TOOL_PROMPT, *expected[:k]]
+    check_stream(batches, g)
+    assert (batches[0].offset, batches[0].token_ids) == (0, expected[:k])
+    assert batches[1].offset == k
+    assert ids(batches[1:]) == expected[k:]
+    last = batches[-1]
+    assert (last.finish_reason, last.stop_token_id, last.error) == ("stop", CALL, None)
+    assert last.usage is not None
+    assert (last.usage.prompt_tokens, last.usage.completion_tokens) == (len(TOOL_PROMPT), len(expected))
+    check_stream(clipped, short)
+    assert ids(clipped) == expected[: k + 3] and clipped[-1].finish_reason == "length"
+    assert clipped[-1].usage is not None
+    assert (clipped[-1].usage.prompt_tokens, clipped[-1].usage.completion_tokens) == (len(TOOL_PROMPT), k + 3)
+
+
+# ending a generation early -------------------------------------------------------------------
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
 async def test_cancel_aborts_the_engine_request(
     nats_url: str, namespace: str, sim: RunningSim, kind: str
 ) -> None:
-    async with dispatcher(nats_url, namespace, [f"{kind}={sim.url}"]) as b:
-        req = gen_request(b, user_prompt(SLOW), f"cancel-{kind}-{namespace}")
-        async with Tokens(b.nc, req.token_subject) as tokens:
-            await b.generate(req)
-            first = await tokens.next()
-            assert not first.done
-            await b.nc.publish(b.subjects.cancel, bus.dump(Cancel(request_id=req.request_id)))
-            record = await sim.recorder.wait_aborted(req.request_id, timeout=5)
-            rest = await tokens.until_done(first_seq=1)
+    g = new_id(f"cancel-{kind}")
+    async with dispatcher(nats_url, namespace, [f"{kind}={sim.url}"]) as d:
+        await d.send(generate_request(g, user_prompt(SLOW)))
+        await d.accepted(g)
+        first = await d.tokens.next(g)
+        assert first.open is not None and not first.done
+        await d.cancel(g)
+        record = await sim.recorder.wait_aborted(g, timeout=5)
+        rest = await d.stream(g)
     assert record.aborted and not record.finished
     if kind == "sglang":
         assert record.abort_requested  # POST /abort_request, not only a closed connection
-    assert rest[-1].done and rest[-1].finish_reason == "abort" and rest[-1].error is None
+    check_stream([first, *rest], g)
+    last = rest[-1]
+    assert (last.finish_reason, last.error) == ("abort", None)
+    assert last.usage is not None and last.usage.completion_tokens == len(ids([first, *rest]))
 
 
+async def test_given_up_requests_are_never_started(
+    nats_url: str, namespace: str, sim: RunningSim
+) -> None:
+    """A cancel heard before the request, or a deadline already past: dropped, the engine
+    never sees it, nobody hears of it."""
+    early, late, fine = new_id("early"), new_id("late"), new_id("fine")
+    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as d:
+        await d.cancel(early)
+        await d.send(generate_request(early, user_prompt("hi")))
+        await d.send(generate_request(late, user_prompt("hi"), deadline_in=-1))
+        await d.send(generate_request(fine, user_prompt("hi")))
+        await d.accepted(fine)
+        assert (await d.stream(fine))[-1].finish_reason == "stop"
+    assert sim.recorder.get(early) is None and sim.recorder.get(late) is None
+    assert set(d.events.of) == {fine} and set(d.tokens.of) == {fine}
+
+
+class FakeBus:
+    """What ``Dispatcher.bind`` needs of a bus: subjects, and a publish that records."""
+
+    def __init__(self, namespace: str) -> None:
+        self.subjects = Subjects(namespace)
+        self.sent: list[tuple[str, Any]] = []
+
+    async def publish(self, subject: str, msg: Any, headers: dict[str, str] | None = None) -> None:
+        self.sent.append((subject, msg))
+
+
+async def test_cancel_before_the_stream_task_runs(sim: RunningSim) -> None:
+    """A cancel handled right after the request, before its task first ran: the engine never
+    sees it, nothing is sent, and the dispatcher does not keep it (load, drain)."""
+    g = new_id("quick")
+    fake = FakeBus("unit")
+    async with Dispatcher(Settings(engines=[f"sim={sim.url}"])) as d:
+        d.bind(fake)  # type: ignore[arg-type]
+        await d.on_generate(generate_request(g, user_prompt(SLOW)))
+        assert d.load == 1
+        await d.on_cancel(Cancel(generation_id=g))
+        await asyncio.wait_for(d.drain(), 2)
+        assert d.load == 0 and not d.active
+    assert fake.sent == [] and sim.recorder.get(g) is None
+
+
+async def test_gateway_death_aborts_its_generations(
+    nats_url: str, namespace: str, sim: RunningSim
+) -> None:
+    """g1 says it stops (its last beat): its generations are aborted in the engine at once and
+    ended for the parser; g2's goes on."""
+    a, b = new_id("of-g1"), new_id("of-g2")
+    # only the "stopping" beat can end g1 within this test: a missed beat takes 10 s
+    async with dispatcher(nats_url, namespace, [f"vllm={sim.url}"], dead_after_s=10) as d:
+        await d.gateway_beat("g1", 10)
+        await d.gateway_beat("g2", 10)
+        for g, gateway in ((a, "g1"), (b, "g2")):
+            await d.send(generate_request(g, user_prompt(SLOW), gateway=gateway))
+            assert (await d.tokens.next(g)).open is not None
+        await d.gateway_beat("g1", 0.25, stopping=True)
+        assert (await sim.recorder.wait_aborted(a, timeout=3)).aborted
+        ended = await d.stream(a)
+        assert (ended[-1].finish_reason, ended[-1].error) == ("abort", None)
+        await still_streaming(d, sim, b)
+
+
+async def test_silent_gateway_is_counted_dead(nats_url: str, namespace: str, sim: RunningSim) -> None:
+    """A gateway whose heartbeats stop: counted dead after dead_after_s, its generations
+    aborted; another gateway's go on."""
+    b, c = new_id("of-g2"), new_id("of-g3")
+    async with dispatcher(nats_url, namespace, [f"vllm={sim.url}"], dead_after_s=0.5) as d:
+        await d.gateway_beat("g2", 10)  # alive for 30 s
+        for g, gateway in ((b, "g2"), (c, "g3")):
+            await d.send(generate_request(g, user_prompt(SLOW), gateway=gateway))
+            assert (await d.tokens.next(g)).open is not None
+        await d.gateway_beat("g3", 0.1)  # and never again: dead after 0.5 s
+        assert (await sim.recorder.wait_aborted(c, timeout=5)).aborted
+        ended = await d.stream(c)
+        assert (ended[-1].finish_reason, ended[-1].error) == ("abort", None)
+        await still_streaming(d, sim, b)
+
+
+async def still_streaming(d: Stack, sim: RunningSim, generation_id: str) -> None:
+    """The generation streams on after what was read so far (then it is cancelled)."""
+    d.tokens.unread(generation_id)
+    more = await d.tokens.next(generation_id)  # sent after every frame read so far
+    assert not more.done
+    record = sim.recorder.get(generation_id)
+    assert record is not None and not record.aborted
+    await d.cancel(generation_id)
+    assert (await d.stream(generation_id))[-1].finish_reason == "abort"
+
+
+# engine failures ----------------------------------------------------------------------------
 async def test_engine_down_is_engine_unavailable_quickly(
     nats_url: str, namespace: str, dead_url: str
 ) -> None:
-    async with dispatcher(nats_url, namespace, [f"vllm={dead_url}"]) as b:
+    g = new_id("down")
+    async with dispatcher(nats_url, namespace, [f"vllm={dead_url}"]) as d:
         t0 = time.monotonic()
-        with pytest.raises(bus.BusFailure) as failure:
-            await b.generate(gen_request(b, user_prompt("hi"), "down"))
+        await d.send(generate_request(g, user_prompt("hi")))
+        failed = await d.failed(g)
         elapsed = time.monotonic() - t0
-        assert failure.value.error.code == ErrorCode.ENGINE_UNAVAILABLE, failure.value.error
-        assert "unreachable" in failure.value.error.message
-        assert elapsed < 2, elapsed
+        assert not await d.tokens.quiet(0.2)  # the parser never hears of it
+    assert failed.error.code == ErrorCode.ENGINE_UNAVAILABLE, failed.error
+    assert "unreachable" in failed.error.message
+    assert elapsed < 2, elapsed
 
 
-async def test_next_healthy_worker_is_tried(
-    nats_url: str, namespace: str, sim: RunningSim, dead_url: str
-) -> None:
-    async with dispatcher(nats_url, namespace, [f"vllm={dead_url}", f"sim={sim.url}"],
-                          health_interval_s=60) as b:
-        for i in range(3):  # round robin starts on the dead worker at least once
-            req = gen_request(b, user_prompt("hi"), f"retry-{i}-{namespace}")
-            async with Tokens(b.nc, req.token_subject) as tokens:
-                accepted = await b.generate(req)
-                assert accepted.worker == sim.url
-                assert (await tokens.until_done())[-1].finish_reason == "stop"
+async def test_next_healthy_worker_is_tried(nats_url: str, namespace: str, sim: RunningSim) -> None:
+    """A worker that passed its health check and then went away: the request moves on to the
+    next worker, and the one that failed is reported down."""
+    doomed_cm = serving(SimSettings(protocol="both"))
+    doomed = await doomed_cm.__aenter__()
+    gone = False
+    try:
+        async with dispatcher(nats_url, namespace, [f"vllm={doomed.url}", f"sim={sim.url}"],
+                              health_interval_s=60) as d:
+            assert (await d.beat()).detail.startswith("2/2")
+            await doomed_cm.__aexit__(None, None, None)
+            gone = True
+            for i in range(3):  # round robin: the first one is offered to the dead worker first
+                g = new_id(f"retry-{i}")
+                await d.send(generate_request(g, user_prompt("hi")))
+                assert (await d.accepted(g)).worker == sim.url
+                assert (await d.stream(g))[-1].finish_reason == "stop"
+            beat = await d.beat()
+            while beat.detail.startswith("2/2"):
+                beat = await d.beat()
+            assert beat.ready and beat.detail.startswith("1/2") and doomed.url in beat.detail
+    finally:
+        if not gone:
+            await doomed_cm.__aexit__(None, None, None)
 
 
-async def test_engine_5xx_is_engine_error(nats_url: str, namespace: str, sim: RunningSim) -> None:
-    async with dispatcher(nats_url, namespace, [f"sglang={sim.url}"]) as b:
-        with pytest.raises(bus.BusFailure) as failure:
-            await b.generate(gen_request(b, user_prompt("x [[sim:status=503]]"), "e503"))
-        assert failure.value.error.code == ErrorCode.ENGINE_ERROR
-        with pytest.raises(bus.BusFailure) as failure:
-            await b.generate(gen_request(b, user_prompt("x [[sim:status=400]]"), "e400"))
-        assert failure.value.error.code == ErrorCode.INVALID_REQUEST
+async def test_engine_http_errors(nats_url: str, namespace: str, sim: RunningSim) -> None:
+    async with dispatcher(nats_url, namespace, [f"sglang={sim.url}"]) as d:
+        e503, e400 = new_id("e503"), new_id("e400")
+        await d.send(generate_request(e503, user_prompt("x [[sim:status=503]]")))
+        assert (await d.failed(e503)).error.code == ErrorCode.ENGINE_ERROR
+        await d.send(generate_request(e400, user_prompt("x [[sim:status=400]]")))
+        assert (await d.failed(e400)).error.code == ErrorCode.INVALID_REQUEST
+        assert not d.tokens.of[e503] and not d.tokens.of[e400]
 
 
 async def test_mid_stream_error_ends_with_an_error_batch(
     nats_url: str, namespace: str, sim: RunningSim
 ) -> None:
-    async with dispatcher(nats_url, namespace, [f"vllm={sim.url}"]) as b:
-        req = gen_request(b, user_prompt("x [[sim:error_after=6]]"), f"mid-{namespace}")
-        async with Tokens(b.nc, req.token_subject) as tokens:
-            await b.generate(req)
-            batches = await tokens.until_done()
+    g = new_id("mid")
+    async with dispatcher(nats_url, namespace, [f"vllm={sim.url}"]) as d:
+        await d.send(generate_request(g, user_prompt("x [[sim:error_after=6]]")))
+        await d.accepted(g)
+        batches = await d.stream(g)
+    check_stream(batches, g)
     last = batches[-1]
     assert last.finish_reason == "error" and last.error is not None
     assert last.error.code == ErrorCode.ENGINE_ERROR
-    assert sum(len(x.token_ids) for x in batches) == 6
+    assert len(ids(batches)) == 6
 
 
 async def test_max_tokens_and_context_length(nats_url: str, namespace: str, sim: RunningSim) -> None:
-    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as b:
-        req = gen_request(b, user_prompt("a story"), f"len-{namespace}", max_tokens=5)
-        async with Tokens(b.nc, req.token_subject) as tokens:
-            await b.generate(req)
-            batches = await tokens.until_done()
-        assert batches[-1].finish_reason == "length" and batches[-1].usage.completion_tokens == 5
-        with pytest.raises(bus.BusFailure) as failure:
-            await b.generate(gen_request(b, user_prompt("hi"), "ctx", max_tokens=10**6))
-        assert failure.value.error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
+    prompt = user_prompt("a story")
+    g, ctx = new_id("len"), new_id("ctx")
+    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as d:
+        await d.send(generate_request(g, prompt, max_tokens=5))
+        batches = await d.stream(g)
+        await d.send(generate_request(ctx, user_prompt("hi"), max_tokens=10**6))
+        failed = await d.failed(ctx)
+    check_stream(batches, g)
+    assert ids(batches) == plan(prompt, ENC).output_ids[:5]
+    last = batches[-1]
+    assert (last.finish_reason, last.stop_token_id, last.error) == ("length", None, None)
+    assert last.usage is not None and last.usage.completion_tokens == 5
+    assert failed.error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
 
 
-async def test_health_follows_the_engines(
+# the service --------------------------------------------------------------------------------
+async def test_heartbeat_follows_the_engines(
     nats_url: str, namespace: str, sim: RunningSim, dead_url: str
 ) -> None:
-    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as b:
-        pong = await b.ping()
-        assert pong.ready and "1/1" in pong.detail
-    async with dispatcher(nats_url, f"{namespace}x", [f"vllm={dead_url}"]) as b:
-        deadline = time.monotonic() + 5
-        pong = await b.ping()
-        while pong.ready:  # until the first poll (run at start) has been answered
-            assert time.monotonic() < deadline
-            pong = await b.ping()
-        assert "0/1" in pong.detail and dead_url in pong.detail
+    """The first beat already reflects the engines' health (the first poll came first)."""
+    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as d:
+        beat = await d.beat()
+    assert (beat.service, beat.ready, beat.draining, beat.stopping) == ("dispatcher", True, False, False)
+    assert beat.detail.startswith("1/1")
+    async with dispatcher(nats_url, f"{namespace}x", [f"vllm={dead_url}"]) as d:
+        beat = await d.beat()
+    assert not beat.ready
+    assert beat.detail.startswith("0/1") and dead_url in beat.detail
 
 
-async def test_stop_ends_open_streams_with_a_final_batch(
+async def test_stop_ends_streams_in_hand_as_retryable(
     nats_url: str, namespace: str, sim: RunningSim
 ) -> None:
-    listener = await nats.connect(nats_url)  # outlives the dispatcher
-    try:
-        req = None
-        async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as b:
-            req = gen_request(b, user_prompt(SLOW), f"stop-{namespace}")
-            tokens = await Tokens(listener, req.token_subject).__aenter__()
-            await b.generate(req)
-            await tokens.next()
-        rest = await tokens.until_done(first_seq=1)
-        assert rest[-1].error is not None and rest[-1].error.code == ErrorCode.SERVICE_UNAVAILABLE
-        assert rest[-1].finish_reason == "error"
-        await sim.recorder.wait_aborted(req.request_id, timeout=5)
-    finally:
-        await listener.close()
+    """Draining waits for streams in hand up to drain_timeout_s; what is left then ends with
+    a retryable error (the gateway continues it elsewhere) and is aborted in the engine."""
+    g = new_id("stop")
+    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"], drain_timeout_s=0.3) as d:
+        await d.send(generate_request(g, user_prompt(SLOW)))
+        first = await d.tokens.next(g)
+        t0 = time.monotonic()
+        d.stop.set()
+        rest = await d.stream(g)
+        waited = time.monotonic() - t0
+        await sim.recorder.wait_aborted(g, timeout=5)
+    check_stream([first, *rest], g)
+    last = rest[-1]
+    assert last.finish_reason == "error" and last.error is not None
+    assert last.error.code == ErrorCode.SERVICE_UNAVAILABLE and last.error.retryable
+    assert waited >= 0.3, waited
+
+
+async def test_stop_waits_for_streams_in_hand(nats_url: str, namespace: str, sim: RunningSim) -> None:
+    """With time enough, draining lets the stream finish normally; peers are told the
+    dispatcher drains, then that it stopped."""
+    prompt = user_prompt("short [[sim:tokens=100]] [[sim:delay_ms=10]]")  # about 1 s
+    g = new_id("drain")
+    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"], drain_timeout_s=20) as d:
+        await d.send(generate_request(g, prompt))
+        first = await d.tokens.next(g)
+        d.stop.set()
+        beat = await d.beat()
+        while not beat.draining:
+            beat = await d.beat()
+        assert beat.load == 1  # the stream was in hand when the dispatcher began to drain
+        rest = await d.stream(g)
+        while not beat.stopping:
+            beat = await d.beat()
+    batches = [first, *rest]
+    check_stream(batches, g)
+    assert ids(batches) == plan(prompt, ENC).output_ids
+    assert (batches[-1].finish_reason, batches[-1].error) == ("stop", None)
 
 
 async def test_many_concurrent_requests(nats_url: str, namespace: str, sim: RunningSim) -> None:
-    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as b:
-        prompt = user_prompt("bench [[sim:tokens=200]]")
-        expected = plan(prompt, ENC).output_ids
-        subject = b.subjects.parser_tokens("many")
-        streams: dict[str, list[TokenBatch]] = {}
-        done = asyncio.Event()
-
-        async def on(msg: Msg) -> None:
-            batch = TokenBatch.model_validate_json(msg.data)
-            streams.setdefault(batch.request_id, []).append(batch)
-            if sum(1 for s in streams.values() if s[-1].done) == 64:
-                done.set()
-
-        sub = await b.nc.subscribe(subject, cb=on)
-        await b.nc.flush()
-        reqs = [gen_request(b, prompt, f"m{i}-{namespace}").model_copy(update={"token_subject": subject})
-                for i in range(64)]
-        await asyncio.gather(*(b.generate(r) for r in reqs))
-        await asyncio.wait_for(done.wait(), 20)
-        await sub.unsubscribe()
-    for r in reqs:
-        got = streams[r.request_id]
-        assert [x.seq for x in got] == list(range(len(got)))
-        assert [t for x in got for t in x.token_ids] == expected
+    """Every stream complete and in order; while the dispatcher is busy, one frame carries
+    the batches of several generations."""
+    prompt = user_prompt("bench [[sim:tokens=200]]")
+    expected = plan(prompt, ENC).output_ids
+    gens = [new_id(f"m{i}") for i in range(100)]
+    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as d:
+        for g in gens:
+            await d.send(generate_request(g, prompt))
+        async with asyncio.timeout(60):
+            streams = {g: await d.stream(g, timeout=60) for g in gens}
+            accepted = [await d.accepted(g) for g in gens]
+    assert all(a.worker == sim.url for a in accepted)
+    for g, batches in streams.items():
+        check_stream(batches, g)
+        assert ids(batches) == expected
+        assert batches[-1].finish_reason == "stop"
+    assert d.tokens.frames < d.tokens.items, (d.tokens.frames, d.tokens.items)
 
 
-async def test_cancel_races_without_a_bus(sim: RunningSim) -> None:
-    """A cancel heard before the generate request refuses it; a cancel right after the accept,
-    before the stream task first runs, still aborts the engine and ends with "abort"."""
-    batches: list[TokenBatch] = []
-    ended = asyncio.Event()
-
-    async def publish(subject: str, data: bytes, headers: dict[str, str]) -> None:
-        batches.append(TokenBatch.model_validate_json(data))
-        if batches[-1].done:
-            ended.set()
-
-    settings = Settings(engines=[f"sim={sim.url}"])
-    async with Dispatcher(settings) as d:
-        d.bind(publish)
-        subjects = Subjects("unit")
-        fake = Bus(None, subjects, settings)  # type: ignore[arg-type]
-        assert d.cancel("early") is False
-        refused = await d.generate(gen_request(fake, user_prompt("hi"), "early"))
-        assert isinstance(refused, BusError) and refused.code == ErrorCode.CANCELLED
-        accepted = await d.generate(gen_request(fake, user_prompt(SLOW), "quick-cancel"))
-        assert isinstance(accepted, GenerateAccepted)
-        assert d.cancel("quick-cancel") is True
-        await asyncio.wait_for(ended.wait(), 5)
-        await sim.recorder.wait_aborted("quick-cancel", timeout=5)
-    assert [b.finish_reason for b in batches] == ["abort"]
-
-
-async def test_unreadable_requests_get_an_error_reply(nats_url: str, namespace: str, sim: RunningSim) -> None:
-    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as b:
-        for payload, param in ((b"garbage", None), (b'{"kind": "generate"}', "request_id")):
-            reply = await b.nc.request(b.subjects.generate, payload, timeout=5)
-            error = TypeAdapter(BusError).validate_json(reply.data)
-            assert error.code == ErrorCode.INVALID_REQUEST and error.param == param
-        await b.nc.publish(b.subjects.cancel, b"garbage")  # ignored, the service goes on
-        assert (await b.ping()).ready
+async def test_garbage_on_the_bus_does_not_stop_the_service(
+    nats_url: str, namespace: str, sim: RunningSim
+) -> None:
+    """Unreadable or wrong-typed messages are dropped (nobody hears of them); the next
+    request is served."""
+    ok = new_id("ok")
+    wrong_type = generate_request(new_id("bad"), user_prompt("hi")).model_dump(mode="json")
+    wrong_type["prompt_token_ids"] = "not a list"
+    async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as d:
+        for payload in (b"garbage", b"[]", b'{"kind": "generate"}',
+                        Cancel(generation_id=new_id("cancel")).model_dump_json().encode(),
+                        TokenFrame(batches=[]).model_dump_json().encode()):
+            await d.send(payload)
+        await d.send(json.dumps(wrong_type).encode())
+        await d.bus.publish(d.bus.subjects.cancel, b"garbage")
+        await d.bus.publish(d.bus.subjects.heartbeat("gateway"), b"{}")
+        await d.send(generate_request(ok, user_prompt("hi")))
+        await d.accepted(ok)
+        batches = await d.stream(ok)
+    check_stream(batches, ok)
+    assert batches[-1].finish_reason == "stop"
+    assert set(d.events.of) == {ok} and set(d.tokens.of) == {ok}

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -38,13 +39,13 @@ class RunningStack:
     nats_url: str = ""
     redis_url: str = ""
 
-    def client(self, **kw: object) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.base_url}/v1", api_key="chorus", max_retries=0,
-                             timeout=30, **kw)  # type: ignore[arg-type]
+    def client(self, **kw: Any) -> openai.OpenAI:
+        return openai.OpenAI(**{"base_url": f"{self.base_url}/v1", "api_key": "chorus", "max_retries": 0,
+                                "timeout": 30, **kw})
 
-    def async_client(self, **kw: object) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(base_url=f"{self.base_url}/v1", api_key="chorus", max_retries=0,
-                                  timeout=30, **kw)  # type: ignore[arg-type]
+    def async_client(self, **kw: Any) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(**{"base_url": f"{self.base_url}/v1", "api_key": "chorus",
+                                     "max_retries": 0, "timeout": 30, **kw})
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=30)
@@ -74,6 +75,33 @@ class RunningStack:
         from services.common.harmony import harmony_encoding
 
         return harmony_encoding().decode_utf8(record["prompt_token_ids"])
+
+    def children(self, needle: str) -> list[int]:
+        """Pids of `chorus up`'s children whose command line contains ``needle``
+        (e.g. "serve parser", "nats-server")."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                if ppid == self.proc.pid and needle in cmdline:
+                    pids.append(int(entry.name))
+        return sorted(pids)
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if _health(self.base_url)[0] == 200:
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"stack {self.name} not healthy again\n{self.logs()}")
+
+    def log(self, name: str) -> str:
+        """One process's whole log (``gateway``, ``parser-1``, ``up`` ...)."""
+        path = self.log_dir / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def logs(self) -> str:
         out = []
@@ -105,8 +133,9 @@ def _health(base_url: str) -> tuple[int, dict]:
         return 0, {}
 
 
-def start_sim_engine(protocol: str, incremental: bool = False, log_dir: Path | None = None) -> tuple[ManagedProcess, str]:
-    port = free_port()
+def start_sim_engine(protocol: str, incremental: bool = False, log_dir: Path | None = None,
+                     port: int | None = None) -> tuple[ManagedProcess, str]:
+    port = port or free_port()
     env = {**os.environ, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(port),
            "CHORUS_SIM_PROTOCOL": protocol, "CHORUS_SIM_SGLANG_INCREMENTAL": "true" if incremental else "false"}
     proc = ManagedProcess("sim-engine", [sys.executable, "-m", "services.cli", "serve", "sim-engine"])

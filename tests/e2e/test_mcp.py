@@ -4,12 +4,19 @@ the test process, the whole stack from `chorus up`, the official openai client."
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import openai
 import pytest
 
 from tests.e2e.conftest import MODEL, RunningStack, Stacks
-from tests.mcp_servers import serve_mcp, silent_port
+from tests.mcp_servers import hanging_server, serve_mcp, silent_port
+
+
+def error_text(call: Any) -> str:
+    """A failed mcp_call's error text (typed as a tool execution error)."""
+    assert call.error is not None and call.error.type == "mcp_tool_execution_error"
+    return "".join(part["text"] for part in call.error.content)
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +45,7 @@ async def test_list_call_and_answer(mcp_stack: RunningStack) -> None:
     assert call.name == "add" and call.server_label == "t" and call.output == "2" and call.error is None
     assert "2" in resp.output_text
     # usage sums both model turns
-    turns = [r for r in mcp_stack.engine_requests() if r["request_id"] == resp.id]
+    turns = [r for r in mcp_stack.engine_requests() if r["request_id"].split(".")[0] == resp.id]
     assert len(turns) == 2
     assert resp.usage.input_tokens == sum(r["prompt_tokens"] for r in turns)
 
@@ -71,7 +78,7 @@ async def test_approval_round_trip(mcp_stack: RunningStack) -> None:
             model=MODEL, previous_response_id=first.id, tools=tools,
             input=[{"type": "mcp_approval_response", "approval_request_id": ask.id, "approve": False}])
         (call,) = [i for i in declined.output if i.type == "mcp_call"]
-        assert call.error and "declined" in call.error and call.output is None
+        assert "declined" in error_text(call) and call.output is None
         assert declined.status == "completed"
 
 
@@ -93,10 +100,10 @@ async def test_failures_are_results(mcp_stack: RunningStack) -> None:
         boom = await client.responses.create(model=MODEL, input="call boom now", tools=[_mcp(server.url)])
         hang = await client.responses.create(model=MODEL, input="call hang now", tools=[_mcp(server.url)])
     (call,) = [i for i in boom.output if i.type == "mcp_call"]
-    assert call.error and "kaboom" in call.error and boom.status == "completed"
+    assert "kaboom" in error_text(call) and boom.status == "completed"
     assert "kaboom" in boom.output_text  # the model was told
     (call,) = [i for i in hang.output if i.type == "mcp_call"]
-    assert call.error and "time" in call.error.lower() and hang.status == "completed"
+    assert "time" in error_text(call).lower() and hang.status == "completed"
     with silent_port() as port:
         down = await client.responses.create(model=MODEL, input="hi there",
                                              tools=[_mcp(f"http://127.0.0.1:{port}/mcp")])
@@ -137,11 +144,32 @@ async def test_budget_spans_the_loop(mcp_stack: RunningStack) -> None:
     assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
 
 
-async def test_disallowed_server_is_rejected(mcp_stack: RunningStack) -> None:
-    client = mcp_stack.async_client()
-    with pytest.raises(openai.BadRequestError) as err:
-        await client.responses.create(model=MODEL, input="hi", tools=[_mcp("http://example.com/mcp")])
-    assert err.value.response.json()["error"]["param"].startswith("tools")
+async def test_loopback_spellings_are_refused_unless_allowed(nats_url: str, redis_url: str) -> None:
+    """With loopback not allowed, every spelling of it is refused before any connection: the
+    caller gets the same result error as for an unreachable server (nothing about why)."""
+    from tests.e2e.conftest import start_stack
+
+    closed = start_stack("mcp-closed", nats_url, redis_url, env={"CHORUS_ALLOW_LOOPBACK": "false"})
+    try:
+        client = closed.async_client()
+        async with hanging_server() as srv:
+            for host in ("127.0.0.1", "127.1", "0x7f000001", "2130706433", "[::1]",
+                         "[::ffff:127.0.0.1]", "localhost"):
+                resp = await client.responses.create(model=MODEL, input="hi",
+                                                     tools=[_mcp(f"http://{host}:{srv.port}/mcp")])
+                assert resp.status == "completed", host
+                listing = resp.output[0]
+                assert listing.type == "mcp_list_tools" and listing.tools == [], host
+                assert listing.error is not None and "could not be reached" in listing.error, host
+                assert str(srv.port) not in listing.error and "loopback" not in listing.error.split(".")[0]
+            assert srv.connections == 0
+        # a URL that is wrong on its face is still the caller's 400
+        for url in ("ftp://127.0.0.1/mcp", "http://user:pw@127.0.0.1/mcp"):
+            with pytest.raises(openai.BadRequestError) as err:
+                await client.responses.create(model=MODEL, input="hi", tools=[_mcp(url)])
+            assert err.value.response.json()["error"]["param"].startswith("tools")
+    finally:
+        closed.stop()
 
 
 async def test_chat_keeps_plain_function_calling(mcp_stack: RunningStack) -> None:

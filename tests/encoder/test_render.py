@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
+import json
 
 import pytest
-from pydantic import TypeAdapter
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contracts.errors import ErrorCode
+from contracts.messages.control import Cancel
 from contracts.messages.encode import (
-    EncodeReply,
     EncodeRequest,
     FunctionTool,
     NamedToolChoice,
+    ResponseFormat,
     ToolNamespace,
 )
+from contracts.messages.generate import EventFrame, GenerateRequest, GenerationFailed
 from contracts.messages.items import (
     FunctionCallItem,
     FunctionCallOutputItem,
@@ -24,10 +27,10 @@ from contracts.messages.items import (
     ReasoningItem,
 )
 from contracts.subjects import Subjects
-from services.common import bus
 from services.encoder.app import run
-from services.encoder.render import RenderError, render_prompt
+from services.encoder.render import Renderer, RenderError, conversation_messages, render_prompt
 from services.encoder.settings import Settings
+from tests.bus import Tap, adapter, client, job, running
 
 TODAY = dt.date(2026, 11, 22)
 WEATHER = FunctionTool(name="get_weather", description="Weather", parameters={
@@ -35,7 +38,7 @@ WEATHER = FunctionTool(name="get_weather", description="Weather", parameters={
 
 
 def _render(encoding, **kw) -> str:  # type: ignore[no-untyped-def]
-    req = EncodeRequest(request_id="r", model="m", **kw)
+    req = EncodeRequest(model="m", **kw)
     prompt = render_prompt(req, encoding, TODAY)
     assert prompt.stop_token_ids == [200002, 200012]
     return encoding.decode_utf8(prompt.token_ids)
@@ -109,34 +112,185 @@ def test_builtins_namespaces_and_mcp_calls(encoding) -> None:  # type: ignore[no
 
 def test_caller_mistakes(encoding) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(RenderError) as err:
-        render_prompt(EncodeRequest(request_id="r", model="m", items=[
+        render_prompt(EncodeRequest(model="m", items=[
             FunctionCallOutputItem(call_id="nope", output="x")]), encoding, TODAY)
     assert "nope" in err.value.error.message and err.value.error.code == ErrorCode.INVALID_REQUEST
     with pytest.raises(RenderError) as err:
-        render_prompt(EncodeRequest(request_id="r", model="m", tools=[WEATHER], tool_choice=NamedToolChoice(name="x"),
+        render_prompt(EncodeRequest(model="m", tools=[WEATHER], tool_choice=NamedToolChoice(name="x"),
                                     items=[MessageItem(role="user", content="q")]), encoding, TODAY)
     assert err.value.error.param == "tool_choice"
 
 
-async def test_encoder_over_nats(nats_url: str, namespace: str) -> None:
+async def test_encoder_passes_jobs_on_to_the_dispatchers(nats_url: str, namespace: str) -> None:
+    """A job comes in; its rendered prompt goes on to the dispatchers, never back; a caller
+    mistake goes to the owning gateway; a job whose caller gave up is dropped."""
     settings = Settings(nats_url=nats_url, namespace=namespace)
-    stop, ready = asyncio.Event(), asyncio.Event()
-    task = asyncio.create_task(run(settings, stop, ready=ready))
-    await asyncio.wait_for(ready.wait(), 10)
-    nc = await bus.connect(nats_url, "test")
-    try:
-        reply_type = TypeAdapter(EncodeReply)
-        subjects = Subjects(namespace)
-        req = EncodeRequest(request_id="r1", model="m", items=[MessageItem(role="user", content="Hello there")])
-        prompt = await bus.request(nc, subjects.encode, req, reply_type, request_id="r1",
-                                   timeout=2, service="encoder")
-        assert prompt.selection_text == "Hello there"
-        assert prompt.token_ids[-2:] == [200006, 173781]  # ...<|start|>assistant
-        bad = EncodeRequest(request_id="r2", model="m", items=[FunctionCallOutputItem(call_id="zz", output="x")])
-        with pytest.raises(bus.BusFailure) as err:
-            await bus.request(nc, subjects.encode, bad, reply_type, request_id="r2", timeout=2, service="encoder")
-        assert err.value.error.code == ErrorCode.INVALID_REQUEST
-    finally:
-        await nc.close()
-        stop.set()
-        await asyncio.wait_for(task, 10)
+    subjects = Subjects(namespace)
+    async with running(run, settings), client(nats_url, namespace) as c, \
+            Tap(c.nc, subjects.generate, adapter(GenerateRequest)) as dispatched, \
+            Tap(c.nc, subjects.gateway_events("g1"), adapter(EventFrame)) as gateway:
+        await c.publish(subjects.jobs, job("r1", "Hello there", resume_tokens=[200005, 35644]))
+        req = await dispatched.next()
+        assert req.generation_id == "r1" and req.selection_text == "Hello there"
+        assert req.prompt_token_ids[-2:] == [200006, 173781]  # ...<|start|>assistant
+        assert req.resume_tokens == [200005, 35644] and req.route.parser == "p1"
+        bad = job("r2").model_copy(update={"encode": EncodeRequest(
+            model="m", items=[FunctionCallOutputItem(call_id="zz", output="x")])})
+        await c.publish(subjects.jobs, bad)
+        frame = await gateway.next()
+        failed = frame.events[0]
+        assert isinstance(failed, GenerationFailed) and failed.generation_id == "r2"
+        assert failed.stage == "encoder" and failed.error.code == ErrorCode.INVALID_REQUEST
+        await c.publish(subjects.jobs, job("r3", deadline_in=-1))
+        await c.publish(subjects.cancel, Cancel(generation_id="r4"))
+        await c.publish(subjects.jobs, job("r4"))
+        await c.publish(subjects.jobs, job("r5"))
+        assert (await dispatched.next()).generation_id == "r5"  # r3 and r4 never reach it
+        assert not dispatched.seen[1:-1]
+
+
+def _reference(req: EncodeRequest, encoding) -> list[int]:  # type: ignore[no-untyped-def]
+    """openai-harmony rendering the whole conversation at once."""
+    from openai_harmony import Conversation, Role
+
+    messages = conversation_messages(req, TODAY, "2024-06")
+    return list(encoding.render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT))
+
+
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60) | st.sampled_from(
+    ["", "<|start|>user", "<|channel|>final<|message|>x", "a" * 3000, "👍🏽 café\n\nline", " x '"])
+_ITEM = st.one_of(
+    st.builds(lambda t: MessageItem(role="user", content=t), _TEXT),
+    st.builds(lambda t: MessageItem(role="assistant", content=t), _TEXT),
+    st.builds(lambda t: MessageItem(role="assistant", content=t, channel="commentary"), _TEXT),
+    st.builds(lambda t: ReasoningItem(text=t), _TEXT),
+    st.builds(lambda t: MessageItem(role="developer", content=t), _TEXT),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(items=st.lists(_ITEM, min_size=1, max_size=6), tools=st.booleans(), effort=st.sampled_from(["low", "high"]),
+       call=st.booleans(), instructions=st.none() | _TEXT)
+def test_renderer_equals_harmony(encoding, items, tools, effort, call, instructions) -> None:  # type: ignore[no-untyped-def]
+    """The cached, linear-time renderer gives exactly openai-harmony's tokens."""
+    if call:
+        items = [*items, FunctionCallItem(call_id="c1", name="get_weather", arguments='{"city": "Paris"}'),
+                 FunctionCallOutputItem(call_id="c1", output="sunny <|end|> 21C")]
+    req = EncodeRequest(model="m", items=items, tools=[WEATHER] if tools else [], reasoning_effort=effort,
+                        instructions=instructions)
+    renderer = Renderer(encoding)
+    assert renderer.render(req, TODAY).token_ids == _reference(req, encoding)
+    assert renderer.render(req, TODAY).token_ids == _reference(req, encoding)  # from the caches
+
+
+def test_long_runs_render_in_linear_time(encoding) -> None:  # type: ignore[no-untyped-def]
+    """300,000 characters without a split point: bounded work, every character kept."""
+    import time as clock
+
+    req = EncodeRequest(model="m", items=[MessageItem(role="user", content="a" * 300_000)])
+    started = clock.process_time()
+    prompt = Renderer(encoding).render(req, TODAY)
+    assert clock.process_time() - started < 5  # quadratic tokenization takes minutes
+    assert "<|message|>" + "a" * 300_000 + "<|end|>" in encoding.decode_utf8(prompt.token_ids)
+
+
+def test_context_length_is_checked_before_any_engine() -> None:
+    from services.encoder.service import context_error
+
+    assert context_error(1000, None, 131072) is None
+    assert context_error(1000, 130072, 131072) is None
+    over = context_error(131072, None, 131072)
+    assert over is not None and over.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED and "131072" in over.message
+    budget = context_error(1000, 130073, 131072)
+    assert budget is not None and budget.param == "max_tokens"
+
+
+SHOPPING = ResponseFormat(
+    name="shopping_list", description="The entries on the shopping list",
+    json_schema={"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string"}}},
+                 "required": ["items"], "additionalProperties": False},
+    strict=True,
+)
+
+
+def test_response_format_ends_the_developer_message(encoding) -> None:  # type: ignore[no-untyped-def]
+    """openai/harmony docs/format.md, "Structured output": "# Response Formats", "## {name}",
+    "// {description}", the schema, at the end of the developer message (after the tools)."""
+    text = _render(encoding, instructions="You are a helpful shopping assistant.", tools=[WEATHER],
+                   response_format=SHOPPING, items=[MessageItem(role="user", content="I need coffee and eggs")])
+    assert (
+        "<|start|>developer<|message|># Instructions\n\nYou are a helpful shopping assistant.\n\n"
+        "# Tools\n\n## functions\n\nnamespace functions {\n\n// Weather\n"
+        "type get_weather = (_: {\ncity: string,\n}) => any;\n\n} // namespace functions\n\n"
+        "# Response Formats\n\n## shopping_list\n\n// The entries on the shopping list\n"
+        '{"type":"object","properties":{"items":{"type":"array","items":{"type":"string"}}},'
+        '"required":["items"],"additionalProperties":false}<|end|>'
+        "<|start|>user<|message|>I need coffee and eggs<|end|><|start|>assistant"
+    ) in text
+    # the system message still says where function calls go
+    assert "Calls to these tools must go to the commentary channel: 'functions'." in text
+
+
+def test_response_format_alone_makes_a_developer_message(encoding) -> None:  # type: ignore[no-untyped-def]
+    fmt = ResponseFormat(name="verdict", json_schema={"type": "object"})  # no description
+    text = _render(encoding, response_format=fmt, items=[MessageItem(role="user", content="Hi")])
+    assert '<|start|>developer<|message|># Response Formats\n\n## verdict\n\n{"type":"object"}<|end|>' in text
+
+
+@pytest.mark.parametrize("instructions", ["Be brief.", "Answer:", "Be brief", "line\n", "x ", None])
+def test_response_format_tokens_are_those_of_the_whole_text(encoding, instructions) -> None:  # type: ignore[no-untyped-def]
+    """The section is encoded with the developer text around it, as one text: where they
+    meet (".\n\n", ":\n\n") the tokens are not those of two texts put side by side."""
+    from openai_harmony import Conversation, Role
+
+    req = EncodeRequest(model="m", instructions=instructions, response_format=SHOPPING,
+                        items=[MessageItem(role="user", content="q")])
+    tokens = render_prompt(req, encoding, TODAY).token_ids
+    plain = list(encoding.render_conversation_for_completion(Conversation.from_messages(
+        conversation_messages(req, TODAY, "2024-06")), Role.ASSISTANT))
+    start = encoding.encode("<|start|>developer<|message|>", allowed_special="all")
+    dev_at = next(i for i in range(len(tokens)) if tokens[i:i + len(start)] == start) + len(start)
+    dev_end = tokens.index(200007, dev_at)
+    text = encoding.decode_utf8(tokens[dev_at:dev_end])
+    assert text.endswith("## shopping_list\n\n// The entries on the shopping list\n" + json.dumps(
+        SHOPPING.json_schema, separators=(",", ":")))
+    assert tokens[dev_at:dev_end] == encoding.encode(text, disallowed_special=())
+    assert tokens[:dev_at] == plain[:dev_at]  # the system message is harmony's, untouched
+    assert tokens[dev_end:] == plain[len(plain) - len(tokens) + dev_end:]  # so is the conversation
+
+
+def test_the_prefix_cache_tells_response_formats_apart(encoding) -> None:  # type: ignore[no-untyped-def]
+    renderer = Renderer(encoding)
+    items = [MessageItem(role="user", content="q")]
+    other = SHOPPING.model_copy(update={"name": "groceries"})
+    texts = [encoding.decode_utf8(renderer.render(EncodeRequest(model="m", items=items, response_format=f),
+                                                  TODAY).token_ids)
+             for f in (None, SHOPPING, other, SHOPPING)]
+    assert "# Response Formats" not in texts[0]
+    assert "## shopping_list" in texts[1] and "## groceries" in texts[2] and texts[3] == texts[1]
+
+
+def test_a_continuation_encodes_only_its_new_messages(encoding, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """An agent loop re-sends its history each turn: contents seen before are not encoded again,
+    and the tokens are still exactly harmony's."""
+    import services.encoder.render as render
+
+    encoded: list[str] = []
+    real = render.encode_text
+    monkeypatch.setattr(render, "encode_text", lambda enc, text: encoded.append(text) or real(enc, text))
+    history = [MessageItem(role="user", content="Fix the failing test in parser.py " * 20)]
+    for turn in range(5):
+        history += [FunctionCallItem(call_id=f"c{turn}", name="get_weather", arguments='{"city": "Paris"}' * 5),
+                    FunctionCallOutputItem(call_id=f"c{turn}", output=f"result {turn} " * 40)]
+    renderer = Renderer(encoding)
+    req = EncodeRequest(model="m", items=history, tools=[WEATHER])
+    assert renderer.render(req, TODAY).token_ids == _reference(req, encoding)
+    encoded.clear()
+    longer = EncodeRequest(model="m", tools=[WEATHER], items=[
+        *history, FunctionCallItem(call_id="c9", name="get_weather", arguments='{"city": "Oslo"}' * 5),
+        FunctionCallOutputItem(call_id="c9", output="snow " * 40)])
+    assert renderer.render(longer, TODAY).token_ids == _reference(longer, encoding)
+    assert [len(t) >= 64 for t in encoded].count(True) == 2  # only the two new contents
+    small = Renderer(encoding, text_budget=400)  # a budget evicts the oldest contents
+    small.render(longer, TODAY)
+    assert small._text_chars <= 400

@@ -1,28 +1,29 @@
-"""Parser events -> Responses stream events (pure): every event validates as openai's type,
-the bookkeeping holds, and the stream helper's accumulator accepts the sequence."""
+"""Parser events -> typed Responses stream events (pure): every event is openai-python's own
+type, the bookkeeping holds across model turns, and request input items convert or fail with
+the offending path."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
-from contracts.messages.parse import ItemAdded, ItemDelta, ItemDone
+from contracts.messages.parse import ItemAdded, ItemDelta, ItemDone, ParseEvent
 from services.gateway.errors import ApiError
-from services.gateway.responses.convert import input_items, output_json
-from services.gateway.responses.events import EventWriter
+from services.gateway.responses.events import Event, EventWriter, ItemView, Output
+from services.gateway.responses.items import input_items, output_item
+from services.gateway.responses.request import ResponsesRequest
+from services.gateway.validation import parse_body
 
-EVENT = TypeAdapter(ResponseStreamEvent)
+EVENT: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
 
 
-def _turn(offset_ids: str) -> list:
-    rs = ReasoningItem(id=f"rs_{offset_ids}", text="", status="in_progress")
-    fc = FunctionCallItem(id=f"fc_{offset_ids}", call_id=f"call_{offset_ids}", name="f", arguments="",
+def _turn(suffix: str) -> list[ParseEvent]:
+    rs = ReasoningItem(id=f"rs_{suffix}", text="", status="in_progress")
+    fc = FunctionCallItem(id=f"fc_{suffix}", call_id=f"call_{suffix}", name="f", arguments="",
                           status="in_progress")
-    msg = MessageItem(id=f"msg_{offset_ids}", role="assistant", content="", channel="final", status="in_progress")
+    msg = MessageItem(id=f"msg_{suffix}", role="assistant", content="", channel="final", status="in_progress")
     return [
         ItemAdded(output_index=0, item=rs), ItemDelta(output_index=0, delta="Hm"),
         ItemDone(output_index=0, item=rs.model_copy(update={"text": "Hm", "status": "completed"})),
@@ -33,58 +34,86 @@ def _turn(offset_ids: str) -> list:
     ]
 
 
-def test_events_validate_and_keep_their_bookkeeping_across_turns() -> None:
-    w = EventWriter()
-    events: list[dict[str, Any]] = []
-    for ev in _turn("a"):
-        events += w.handle(ev)
-    w.next_turn()
-    for ev in _turn("b"):
-        events += w.handle(ev)
-    for e in events:
-        EVENT.validate_python(e)
-    assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    added = [e["output_index"] for e in events if e["type"] == "response.output_item.added"]
-    done = [e["output_index"] for e in events if e["type"] == "response.output_item.done"]
+def _events(writer: EventWriter, parsed: list[ParseEvent]) -> list[Event]:
+    out: list[Event] = []
+    for event in parsed:
+        out += writer.handle(event)
+    return out
+
+
+def _request(body: dict[str, object]) -> ResponsesRequest:
+    import json
+
+    return parse_body(json.dumps({"model": "m", **body}).encode(), ResponsesRequest)
+
+
+def test_events_are_typed_and_keep_their_bookkeeping_across_turns() -> None:
+    output = Output()
+    w = EventWriter(output, ItemView())
+    events = _events(w, _turn("a"))
+    output.next_turn()
+    events += _events(w, _turn("b"))
+    for e in events:  # each one round-trips through openai-python's union
+        assert EVENT.validate_json(e.model_dump_json()).type == e.type
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    added = [e.output_index for e in events if e.type == "response.output_item.added"]
+    done = [e.output_index for e in events if e.type == "response.output_item.done"]
     assert added == done == [0, 1, 2, 3, 4, 5]
-    assert all(e.get("content_index", 0) == 0 for e in events)
-    assert all("item_id" in e for e in events if e["type"].endswith(".delta"))
-    assert [i.id for i in w.output] == ["rs_a", "fc_a", "msg_a", "rs_b", "fc_b", "msg_b"]
+    assert all(getattr(e, "content_index", 0) == 0 for e in events)
+    assert all(getattr(e, "item_id", None) for e in events if e.type.endswith(".delta"))
+    assert [i.id for i in output.items] == ["rs_a", "fc_a", "msg_a", "rs_b", "fc_b", "msg_b"]
+
+
+def test_reasoning_summary_events_when_asked() -> None:
+    w = EventWriter(Output(), ItemView(summary=True))
+    kinds = [e.type for e in _events(w, _turn("s")[:3])]
+    assert "response.reasoning_summary_part.added" in kinds
+    assert "response.reasoning_summary_text.delta" in kinds
+    assert kinds.index("response.reasoning_summary_part.done") < kinds.index("response.output_item.done")
 
 
 def test_open_items_are_closed_incomplete() -> None:
-    w = EventWriter()
+    w = EventWriter(Output(), ItemView())
     msg = MessageItem(id="msg_x", role="assistant", content="", status="in_progress")
     w.handle(ItemAdded(output_index=0, item=msg))
     w.handle(ItemDelta(output_index=0, delta="partial"))
     events = w.close_open()
-    assert events[-1]["type"] == "response.output_item.done"
-    assert events[-1]["item"]["status"] == "incomplete"
-    assert events[-1]["item"]["content"][0]["text"] == "partial"
+    last = events[-1]
+    assert last.type == "response.output_item.done"
+    assert last.item.status == "incomplete"  # type: ignore[union-attr]
+    assert last.item.content[0].text == "partial"  # type: ignore[union-attr]
 
 
-def test_output_items_validate_as_a_response() -> None:
+def test_output_items_make_a_valid_response() -> None:
     items = [ReasoningItem(id="rs_1", text="t"), MessageItem(id="msg_1", role="assistant", content="x"),
              FunctionCallItem(id="fc_1", call_id="call_1", name="f", arguments="{}")]
-    resp = {"id": "resp_1", "object": "response", "created_at": 1, "model": "m", "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [], "status": "completed",
-            "output": [output_json(i) for i in items]}
-    parsed = Response.model_validate(resp)
-    assert parsed.output_text == "x"
+    resp = Response.model_validate({
+        "id": "resp_1", "object": "response", "created_at": 1, "model": "m", "parallel_tool_calls": True,
+        "tool_choice": "auto", "tools": [], "status": "completed",
+        "output": [output_item(i).model_dump() for i in items]})
+    assert resp.output_text == "x"
+    assert resp.output[1].phase == "final_answer"  # type: ignore[union-attr]
 
 
 def test_input_items_conversion_and_errors() -> None:
-    items = input_items([
+    req = _request({"input": [
         {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
         {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "why"}]},
         {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "c", "output": "ok"},
-    ], {})
-    assert [i.type for i in items] == ["message", "reasoning", "function_call", "function_call_output"]
-    assert items[0].content == "ab" and items[1].text == "why" and all(i.id for i in items)
+        {"type": "message", "role": "assistant", "content": "Checking.", "phase": "commentary"},
+    ]})
+    items = input_items(req.input, {})
+    assert [i.type for i in items] == ["message", "reasoning", "function_call", "function_call_output", "message"]
+    assert items[0].content == "ab" and items[1].text == "why" and all(i.id for i in items)  # type: ignore[union-attr]
+    assert items[4].channel == "commentary"  # type: ignore[union-attr]
     with pytest.raises(ApiError) as err:
-        input_items([{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}], {})
-    assert err.value.error.param == "input[0].content[0]"
+        input_items(_request({"input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": "x"}]}]}).input, {})
+    assert err.value.error.param == "input[0].content[0].type"
     with pytest.raises(ApiError) as err:
-        input_items([{"type": "computer_call"}], {})
-    assert err.value.error.param == "input[0].type"
+        _request({"input": [{"type": "computer_call"}]})
+    assert err.value.error.param == "input[0]"
+    with pytest.raises(ApiError) as err:
+        _request({"input": [{"type": "function_call", "call_id": 5, "name": "f"}]})
+    assert err.value.error.param == "input[0].call_id"

@@ -1,46 +1,246 @@
-"""docker-compose.yml stays valid without Docker: the compose-spec JSON schema (vendored by
-check-jsonschema), Debian's `docker-compose config -q` when installed, and the services it
-names are the ones the CLI can serve."""
+"""docker-compose.yml stays a valid, deployable stack without Docker: the compose-spec JSON schema
+(vendored by check-jsonschema), Debian's `docker-compose config` when installed, and the rules
+of the deployment: `chorus serve` commands, cheap healthchecks, dependencies on health, what is
+published, a scalable parser, and every setting from the environment with the services' own
+defaults."""
 
 from __future__ import annotations
 
+import importlib
+import os
+import re
 import shutil
 import subprocess
-from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
 from services.cli import SERVICE_MODULES
+from tests.infra.compose import (
+    COMPOSE,
+    ONE_VARIABLE,
+    ROOT,
+    chorus_services,
+    command,
+    container_ports,
+    environment,
+    resolved_environment,
+    services,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-COMPOSE = ROOT / "docker-compose.yml"
+BUS_SERVICES = ("encoder", "dispatcher", "parser", "tools", "gateway")  # on NATS, with a heartbeat
+INFRA_SERVICES = ("nats", "redis", "jaeger", "prometheus", "grafana")
+
+# settings a container never takes from the host
+NOT_FROM_ENV = {
+    "instance_id": "each replica makes its own id",
+    "metrics_port": "the gateway serves the metrics of the whole stack",
+}
+# settings compose fixes for the container (healthchecks, published port and Prometheus use them)
+FIXED_IN_CONTAINER = {"host", "port", "liveness_file"}
+# compose defaults that differ from the services' own, on purpose (commented in the file)
+COMPOSE_DEFAULTS = {"nats_url", "redis_url", "otlp_endpoint", "engines", "host", "liveness_file",
+                    "nats_user", "nats_password"}
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items()
+            if not k.startswith(("CHORUS_", "OTEL_", "GF_", "JAEGER_", "GRAFANA_", "PROMETHEUS_"))
+            and k not in ("NATS_URL", "REDIS_URL")}
 
 
 def test_compose_matches_the_compose_spec_schema() -> None:
-    result = subprocess.run(
-        ["check-jsonschema", "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
-        capture_output=True, text=True, check=False,
-    )
+    exe = shutil.which("check-jsonschema")
+    if exe is None:
+        pytest.skip("check-jsonschema is not installed (pip install -e '.[test]')")
+    result = subprocess.run([exe, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+                            capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_docker_compose_config_when_available() -> None:
+def _docker_compose(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     exe = shutil.which("docker-compose")
     if exe is None:
-        return  # the JSON-schema check above still ran
-    result = subprocess.run([exe, "-f", str(COMPOSE), "config", "-q"], capture_output=True, text=True,
-                            check=False, cwd=ROOT)
+        pytest.skip("docker-compose is not installed (Debian: apt-get install docker-compose)")
+    return subprocess.run([exe, "-f", str(COMPOSE), *args], capture_output=True, text=True,
+                          check=False, cwd=ROOT, env={**_clean_env(), **(env or {})})
+
+
+def test_docker_compose_config_accepts_the_file() -> None:
+    result = _docker_compose("config", "-q")
     assert result.returncode == 0, result.stderr
 
 
-def test_compose_runs_every_service_with_healthchecks() -> None:
-    spec = yaml.safe_load(COMPOSE.read_text())
-    services = spec["services"]
-    assert {"nats", "redis", "jaeger"} <= services.keys()
-    for name in ("encoder", "dispatcher", "parser", "tools", "gateway", "sim-engine"):
-        svc = services[name]
-        assert svc["command"][0] == "serve" and svc["command"][1] in SERVICE_MODULES
-        assert "healthcheck" in svc, name
-    assert services["parser"]["deploy"]["replicas"] == 2
-    assert "-js" in Path(ROOT / "infra" / "nats.conf").read_text() or "jetstream" in (ROOT / "infra" / "nats.conf").read_text()
-    assert (ROOT / "infra" / "Dockerfile").is_file()
+def test_docker_compose_interpolates_engines_models_and_credentials() -> None:
+    password = "p a$s'w\"d}{"
+    result = _docker_compose("config", env={
+        "CHORUS_ENGINES": '["vllm=http://gpu1:8000","sglang=http://gpu2:30000"]',
+        "CHORUS_MODELS": '["openai/gpt-oss-120b"]',
+        "CHORUS_NATS_PASSWORD": password,
+    })
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout.replace("$$", "$"))["services"]  # its output escapes $
+    assert resolved["dispatcher"]["environment"]["CHORUS_ENGINES"] == (
+        '["vllm=http://gpu1:8000","sglang=http://gpu2:30000"]')
+    assert resolved["gateway"]["environment"]["CHORUS_MODELS"] == '["openai/gpt-oss-120b"]'
+    nats_cmd = resolved["nats"]["command"]
+    assert nats_cmd[nats_cmd.index("--pass") + 1] == password
+    for name in BUS_SERVICES:
+        assert resolved[name]["environment"]["CHORUS_NATS_PASSWORD"] == password, name
+
+
+def test_every_service_module_runs_as_a_chorus_serve_container() -> None:
+    chorus = chorus_services()
+    assert set(INFRA_SERVICES) <= services().keys()
+    assert {svc["command"][1] for svc in chorus.values()} == set(SERVICE_MODULES)
+    for name, svc in chorus.items():
+        assert svc["command"] == ["serve", name], name
+        assert name in SERVICE_MODULES, name
+        assert svc.get("image", "").startswith("${CHORUS_IMAGE:-"), name
+
+
+def test_every_long_running_service_has_a_cheap_healthcheck() -> None:
+    for name, svc in services().items():
+        check = svc.get("healthcheck")
+        assert check and not check.get("disable"), f"{name} has no healthcheck"
+        test = check["test"]
+        assert isinstance(test, list) and test[0] == "CMD", f"{name}: exec form, no shell quoting"
+        # no Python start-up or NATS connection per check (`chorus ping` cost ~0.2 core)
+        assert test[1] not in ("chorus", "python", "python3"), f"{name}: {test}"
+    for name in BUS_SERVICES:
+        test = services()[name]["healthcheck"]["test"]
+        assert test[1] == "chorus-healthcheck" and "--no-liveness" not in test, name
+        assert resolved_environment(name)["CHORUS_LIVENESS_FILE"].startswith("/tmp/"), name
+
+
+def test_startup_waits_on_health_and_never_on_an_engine() -> None:
+    all_services = services()
+    for name, svc in all_services.items():
+        for dep, how in svc.get("depends_on", {}).items():
+            assert dep != "sim-engine", f"{name} waits for the engine: readiness is reported, not gating"
+            if how["condition"] == "service_healthy":
+                assert "healthcheck" in all_services[dep], f"{name} waits on {dep}, which has none"
+    for name in BUS_SERVICES:
+        assert all_services[name]["depends_on"]["nats"]["condition"] == "service_healthy", name
+    gateway_deps = all_services["gateway"]["depends_on"]
+    for dep in ("redis", "encoder", "dispatcher", "parser", "tools"):
+        assert gateway_deps[dep]["condition"] == "service_healthy", dep
+
+
+def test_only_the_gateway_and_the_uis_are_published() -> None:
+    published = {name: container_ports(name) for name, svc in services().items() if svc.get("ports")}
+    assert published == {"gateway": [8000], "jaeger": [16686], "grafana": [3000]}
+    for name, svc in services().items():
+        assert "network_mode" not in svc, f"{name}: host networking publishes everything"
+
+
+def test_the_parser_scales_with_per_replica_health() -> None:
+    parser = services()["parser"]
+    for key in ("container_name", "ports", "hostname"):
+        assert key not in parser, f"parser sets {key}: `--scale parser=N` would clash"
+    assert parser["deploy"]["replicas"] >= 2
+    assert parser["healthcheck"]["test"][1] == "chorus-healthcheck"  # runs in each replica
+    assert not any("container_name" in svc for svc in services().values())
+
+
+def test_engines_models_and_credentials_come_from_the_environment() -> None:
+    assert ONE_VARIABLE.match(environment("dispatcher")["CHORUS_ENGINES"] or "")["name"] == "CHORUS_ENGINES"  # type: ignore[index]
+    assert ONE_VARIABLE.match(environment("gateway")["CHORUS_MODELS"] or "")["name"] == "CHORUS_MODELS"  # type: ignore[index]
+    nats = services()["nats"]["command"]
+    for flag, var in (("--user", "CHORUS_NATS_USER"), ("--pass", "CHORUS_NATS_PASSWORD")):
+        server_side = ONE_VARIABLE.match(nats[nats.index(flag) + 1])
+        assert server_side and server_side["name"] == var, flag
+        for name in BUS_SERVICES:
+            client_side = ONE_VARIABLE.match(environment(name)[var] or "")
+            assert client_side and client_side["name"] == var, (name, var)
+            assert client_side["default"] == server_side["default"], (name, var)
+    grafana = services()["grafana"]["environment"]
+    assert ONE_VARIABLE.match(grafana["GF_SECURITY_ADMIN_PASSWORD"])
+
+
+def _env_names(settings_cls: Any, field: str) -> list[str]:
+    info = settings_cls.model_fields[field]
+    choices = getattr(info.validation_alias, "choices", None)
+    if choices:
+        return [c.upper() for c in choices if isinstance(c, str) and c.upper() == c]
+    return [f"{settings_cls.model_config.get('env_prefix', '')}{field}".upper()]
+
+
+def _settings_cls(service: str) -> Any:
+    return importlib.import_module(f"{SERVICE_MODULES[service]}.settings").Settings
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_MODULES))
+def test_every_setting_comes_from_the_environment(service: str) -> None:
+    settings_cls = _settings_cls(service)
+    env = environment(service)
+    missing = [_env_names(settings_cls, field)[0] for field in settings_cls.model_fields
+               if field not in NOT_FROM_ENV and not set(_env_names(settings_cls, field)) & env.keys()]
+    assert not missing, f"{service}: add {missing} to its environment in docker-compose.yml"
+    for field in settings_cls.model_fields:
+        names = [n for n in _env_names(settings_cls, field) if n in env]
+        if field in NOT_FROM_ENV:
+            assert not names, f"{service}: {names} must not be set ({NOT_FROM_ENV[field]})"
+            continue
+        value = env[names[0]]
+        if value is None:  # passed through from the host; the service's default otherwise
+            continue
+        match = ONE_VARIABLE.match(value)
+        if match is None:
+            assert field in FIXED_IN_CONTAINER, f"{service}: {names[0]}={value!r} is hard-coded"
+            continue
+        host = match["name"]
+        suffix = names[0].removeprefix("CHORUS_")
+        assert host == names[0] or host == f"CHORUS_{service.upper().replace('-', '_')}_{suffix}", (
+            f"{service}: {names[0]} reads ${host}")
+
+
+def test_a_host_variable_has_one_default() -> None:
+    defaults: dict[str, set[str]] = {}
+    text = COMPOSE.read_text()
+    for match in re.finditer(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*):-(?P<default>[^}]*)\}", text):
+        defaults.setdefault(match["name"], set()).add(match["default"])
+    clashing = {name: found for name, found in defaults.items() if len(found) > 1}
+    assert not clashing, f"one variable, several defaults: {clashing}"
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_MODULES))
+def test_compose_defaults_are_the_services_defaults(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    for key in set(os.environ) - set(_clean_env()):
+        monkeypatch.delenv(key)
+    settings_cls = _settings_cls(service)
+    own = settings_cls()
+    for key, value in resolved_environment(service).items():
+        monkeypatch.setenv(key, value)
+    composed = settings_cls()  # the container's settings parse
+    for field in settings_cls.model_fields:
+        if field in NOT_FROM_ENV or field in COMPOSE_DEFAULTS:
+            continue
+        assert getattr(composed, field) == getattr(own, field), (
+            f"{service}: compose's default for {field} is {getattr(composed, field)!r}, "
+            f"the service's is {getattr(own, field)!r}")
+
+
+def test_services_drain_before_docker_kills_them() -> None:
+    drain_s = float(resolved_environment("parser")["CHORUS_DRAIN_TIMEOUT_S"])
+    for name in chorus_services():
+        grace = str(services()[name]["stop_grace_period"])
+        match = re.fullmatch(r"(\d+)s", ONE_VARIABLE.sub(lambda m: m["default"], grace))
+        assert match and int(match[1]) > drain_s, f"{name}: stop_grace_period {grace} <= drain {drain_s}s"
+
+
+def test_chorus_commands_and_healthchecks_are_on_the_image() -> None:
+    for name in chorus_services():
+        assert command(name)[0] == "serve"
+        assert services()[name]["healthcheck"]["test"][1] == "chorus-healthcheck"
+    dockerfile = (ROOT / "infra" / "Dockerfile").read_text()
+    assert "/usr/local/bin/chorus-healthcheck" in dockerfile
+    assert re.search(r'^ENTRYPOINT \["chorus"\]', dockerfile, re.M)
+
+
+def test_the_liveness_file_outlives_several_heartbeats() -> None:
+    for name in BUS_SERVICES:
+        env = resolved_environment(name)
+        beats = float(env["CHORUS_LIVENESS_MAX_AGE_S"]) / float(env["CHORUS_HEARTBEAT_INTERVAL_S"])
+        assert beats >= 8, f"{name}: a healthcheck would fail on a few late heartbeats"

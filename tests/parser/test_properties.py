@@ -3,8 +3,9 @@ chunking agrees with one batch, no control-token text reaches an output field, a
 model wrote inside messages is not lost.
 
 What is asserted precisely:
-- never raises, chunking-invariance and no ``<|`` in outputs hold for ANY special token spliced
-  anywhere and for every truncation point;
+- never raises, chunking-invariance, no ``<|`` in outputs and the event contract (each item's
+  streamed text, arguments included, is exactly its done text) hold for ANY special token
+  spliced anywhere, for every truncation point and for arbitrary token soup;
 - text preservation: every character of the messages' content survives, in order, when the spliced tokens are
   ones that end or break a message (<|end|>, <|return|>, <|call|>, <|endoftext|>, <|message|>,
   <|constrain|>, reserved specials). Splicing <|start|> or <|channel|> makes the following words
@@ -30,6 +31,7 @@ from services.common.harmony import (
     harmony_encoding,
 )
 from services.parser.session import ParseSession
+from tests.parser.test_corpus import check_stream
 
 ENC = harmony_encoding()
 WORDS = st.sampled_from(["alpha", "beta", "gamma", "delta", "Grüße", "東京", "👋", "x=1", "{", "}", "?", "end"])
@@ -99,8 +101,11 @@ def test_spliced_specials_never_break_or_leak(out, data) -> None:  # type: ignor
         ids.insert(pos, data.draw(st.sampled_from(ANY_SPECIAL)))
     whole = parse(ids)
     chunks = data.draw(st.lists(st.integers(1, 6), max_size=len(ids)))
-    assert done_items(parse(ids, chunks)) == done_items(whole)
+    chunked = parse(ids, chunks)
+    assert done_items(chunked) == done_items(whole)
     assert all("<|" not in f for f in fields(whole))
+    check_stream(whole)
+    check_stream(chunked)
 
 
 @SETTINGS
@@ -110,6 +115,7 @@ def test_every_truncation_point(out, data) -> None:  # type: ignore[no-untyped-d
     ids = ENC.encode(text, allowed_special="all")
     cut = data.draw(st.integers(0, len(ids)))
     events = parse(ids[:cut], finish="length")
+    check_stream(events)
     assert events[-1].finish_reason in ("length", "tool_calls")
     assert all("<|" not in f for f in fields(events))
     assert [e.output_index for e in events if e.type == "item_added"] == \
@@ -138,5 +144,6 @@ def test_message_text_survives_breaking_tokens(out, data) -> None:  # type: igno
 @given(st.lists(st.integers(0, 200_018), max_size=60), st.sampled_from(["stop", "length", "abort"]))
 def test_arbitrary_token_soup(ids, finish) -> None:  # type: ignore[no-untyped-def]
     events = parse(ids, finish=finish)
+    check_stream(events)
     assert events[-1].type == "finished"
     assert all("<|" not in f for f in fields(events))

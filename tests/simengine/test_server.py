@@ -8,13 +8,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 from services.common.harmony import CALL, RETURN, harmony_encoding
 from services.simengine.app import RunningSim, serving
 from services.simengine.script import limit, plan
 from services.simengine.settings import Settings
-from tests.simengine.prompts import WEATHER, user_prompt
+from tests.simengine.prompts import WEATHER, parse_output, user_prompt
 
 ENC = harmony_encoding()
 STOPS = [RETURN, CALL]
@@ -238,3 +239,164 @@ async def test_sglang_non_stream_and_stop_token_ids(http: httpx.AsyncClient) -> 
     cut = (await http.post("/generate", json={**body, "rid": "s8"})).json()
     assert cut["output_ids"] == plan(prompt, ENC).output_ids[:3]
     assert cut["meta_info"]["finish_reason"] == {"type": "stop", "matched": 200008}
+
+
+# limits, as vLLM and SGLang enforce them -----------------------------------------------------
+@pytest.fixture(scope="module")
+async def small() -> AsyncIterator[RunningSim]:
+    """A 256-token context: the limits are easy to reach."""
+    async with serving(Settings(protocol="both", max_model_len=256)) as running:
+        yield running
+
+
+async def test_vllm_max_tokens_limits(small: RunningSim) -> None:
+    """Absent: 16; null: the room left; prompt + max_tokens over max_model_len: 400 with
+    vLLM's message (and ``param``); a prompt filling the context: 400."""
+    prompt = user_prompt("long [[sim:tokens=400]]")
+    n = len(prompt)
+    async with httpx.AsyncClient(base_url=small.url, timeout=10) as http:
+        body = vllm_body(prompt, "vl1", stream=False)
+        del body["max_tokens"]
+        assert len((await http.post("/v1/completions", json=body)).json()["choices"][0]["token_ids"]) == 16
+        room = (await http.post("/v1/completions", json=vllm_body(prompt, "vl2", stream=False))).json()
+        assert room["choices"][0]["finish_reason"] == "length"
+        assert room["usage"]["completion_tokens"] == 256 - n
+        exact = await http.post("/v1/completions", json=vllm_body(prompt, "vl3", stream=False, max_tokens=256 - n))
+        assert exact.status_code == 200
+        over = await http.post("/v1/completions", json=vllm_body(prompt, "vl4", max_tokens=257 - n))
+        assert over.status_code == 400
+        error = over.json()["error"]
+        assert error["message"] == (
+            f"'max_tokens' or 'max_completion_tokens' is too large: {257 - n}. This model's maximum "
+            f"context length is 256 tokens and your request has {n} input tokens ({257 - n} > 256 - {n})."
+            f" (parameter=max_tokens, value={257 - n})")
+        assert (error["param"], error["code"], error["type"]) == ("max_tokens", 400, "BadRequestError")
+        full = await http.post("/v1/completions", json=vllm_body(list(range(1000, 1256)), "vl5"))
+        assert full.status_code == 400 and full.json()["error"]["message"].startswith(
+            "This model's maximum context length is 256 tokens. However, your request has 256 input tokens.")
+        zero = await http.post("/v1/completions", json=vllm_body(prompt, "vl6", max_tokens=0))
+        assert zero.status_code == 400 and "max_tokens must be at least 1, got 0." in zero.json()["error"]["message"]
+
+
+async def refused_stream(http: httpx.AsyncClient, body: dict[str, Any]) -> dict[str, Any]:
+    """SGLang streams a refused request as HTTP 200 and one event before [DONE]."""
+    (event,) = await events(http, "/generate", body)
+    return event
+
+
+async def test_sglang_max_new_tokens_limits(small: RunningSim) -> None:
+    """TokenizerManager._validate_one_request: max_new_tokens + input >= context_len and
+    input >= context_len are refused (streamed: HTTP 200 + an error event; else 400); absent is
+    128; null is clipped by the scheduler to the room left."""
+    prompt = user_prompt("long [[sim:tokens=400]]")
+    n = len(prompt)
+    async with httpx.AsyncClient(base_url=small.url, timeout=10) as http:
+        at_limit = sglang_body(prompt, "sl1", max_new_tokens=256 - n)
+        event = await refused_stream(http, at_limit)
+        assert event == {"error": {"message": (
+            "Requested token count exceeds the model's maximum context length of 256 tokens. You "
+            f"requested a total of 256 tokens: {n} tokens from the input messages and {256 - n} tokens "
+            "for the completion. Please reduce the number of tokens in the input messages or the "
+            "completion to fit within the limit.")}}
+        whole = await http.post("/generate", json={**at_limit, "stream": False, "rid": "sl2"})
+        assert whole.status_code == 400 and whole.json()["error"]["message"].startswith("Requested token count")
+        long = await refused_stream(http, sglang_body(list(range(1000, 1256)), "sl3", max_new_tokens=None))
+        assert long["error"]["message"] == "The input (256 tokens) is longer than the model's context length (256 tokens)."
+        fits = await events(http, "/generate", sglang_body(prompt, "sl4", max_new_tokens=255 - n))
+        assert fits[-1]["meta_info"]["finish_reason"]["type"] == "length"
+        null = await events(http, "/generate", sglang_body(prompt, "sl5", max_new_tokens=None))
+        assert null[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 254 - n}
+        body = sglang_body(prompt, "sl6")
+        del body["sampling_params"]["max_new_tokens"]
+        assert (await events(http, "/generate", body))[-1]["meta_info"]["completion_tokens"] == 128
+
+
+# grammars: checked like the engines, obeyed by the script -------------------------------------
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+          "required": ["city", "days"], "additionalProperties": False}
+
+
+def _final_text(ids: list[int]) -> str:
+    messages = parse_output(ids)
+    finals = [m for m in messages if m.get("channel") == "final"]
+    assert finals, messages
+    return str(finals[-1]["content"][0]["text"])
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "sglang"])
+async def test_a_json_schema_grammar_gets_conforming_json(http: httpx.AsyncClient, protocol: str) -> None:
+    from contracts.messages.generate import OutputConstraint
+    from services.dispatcher.engines.constraints import structural_tag
+
+    tag = json.dumps(structural_tag(OutputConstraint(final_schema=SCHEMA)))
+    prompt = user_prompt("Plan my trip")
+    if protocol == "vllm":
+        chunks = await events(http, "/v1/completions", vllm_body(prompt, "g1", structured_outputs={"structural_tag": tag}))
+        ids = [t for c in chunks[:-1] for t in c["choices"][0]["token_ids"]]
+    else:
+        chunks = await events(http, "/generate", sglang_body(prompt, "g2", structural_tag=tag))
+        ids = chunks[-1]["output_ids"]
+    answer = json.loads(_final_text(ids))
+    jsonschema.validate(answer, SCHEMA)
+    assert answer == {"city": "", "days": 1}
+    # vLLM's plain json constraint, and SGLang's json_schema, are obeyed too
+    plain = await http.post("/v1/completions", json=vllm_body(prompt, "g3", stream=False,
+                                                             structured_outputs={"json": SCHEMA}))
+    jsonschema.validate(json.loads(_final_text(plain.json()["choices"][0]["token_ids"])), SCHEMA)
+    sg = await http.post("/generate", json={**sglang_body(prompt, "g4", json_schema=json.dumps(SCHEMA)), "stream": False})
+    jsonschema.validate(json.loads(_final_text(sg.json()["output_ids"])), SCHEMA)
+
+
+@pytest.mark.parametrize("protocol", ["vllm", "sglang"])
+async def test_a_required_call_goes_to_an_allowed_tool(http: httpx.AsyncClient, protocol: str) -> None:
+    from contracts.messages.generate import OutputConstraint
+    from services.dispatcher.engines.constraints import structural_tag
+    from tests.simengine.prompts import LOOKUP, tool_round
+
+    tag = json.dumps(structural_tag(OutputConstraint(tools=["lookup"])))
+    for rid, prompt in ((f"t-{protocol}-1", user_prompt("Weather in Paris?", [WEATHER, LOOKUP])),
+                        (f"t-{protocol}-2", tool_round("Weather in Oslo?", '{"city":"Oslo"}', "sunny"))):
+        if protocol == "vllm":
+            resp = await http.post("/v1/completions", json=vllm_body(
+                prompt, rid, stream=False, structured_outputs={"structural_tag": tag}))
+            ids = resp.json()["choices"][0]["token_ids"]
+        else:
+            resp = await http.post("/generate", json={**sglang_body(prompt, rid, structural_tag=tag), "stream": False})
+            ids = resp.json()["output_ids"]
+        call = parse_output(ids)[-1]
+        assert call["recipient"] == "functions.lookup" and ids[-1] == CALL
+        assert json.loads(call["content"][0]["text"]) == {"query": "Oslo" if rid.endswith("2") else "Paris"}
+
+
+async def test_vllm_refuses_bad_structured_outputs(http: httpx.AsyncClient) -> None:
+    """StructuredOutputsParams: one kind of constraint, a string structural tag that xgrammar
+    compiles (backend_xgrammar.validate_xgrammar_grammar), a JSON schema that is one."""
+    prompt = user_prompt("hi")
+    cases = [
+        ({"json": {"type": "object"}, "regex": "a+"}, "You can only use one kind of structured outputs constraint"),
+        ({"disable_any_whitespace": True}, "You must use one kind of structured outputs constraint"),
+        ({"structural_tag": {"type": "structural_tag"}}, "structured_outputs.structural_tag: Input should be a valid string"),
+        ({"structural_tag": '{"type": "structural_tag", "format": {"type": "any_text", "excludes": []}}'},
+         "Invalid structural tag specification."),
+        ({"structural_tag": "{"}, "Invalid structural tag specification."),
+        ({"json": "{not json"}, "Invalid JSON grammar specification."),
+        ({"json": {"type": "frob"}}, "Failed to transform json schema into a grammar"),
+    ]
+    for i, (params, message) in enumerate(cases):
+        resp = await http.post("/v1/completions", json=vllm_body(prompt, f"so{i}", structured_outputs=params))
+        assert resp.status_code == 400, params
+        assert message in resp.json()["error"]["message"], resp.json()
+
+
+async def test_sglang_aborts_a_grammar_it_cannot_compile(http: httpx.AsyncClient) -> None:
+    """The scheduler aborts it (FINISH_ABORT, 400): streamed, one abort chunk; else a 400."""
+    bad = '{"type": "structural_tag", "format": {"type": "sequence", "elements": []}}'
+    chunk = await refused_stream(http, sglang_body(user_prompt("hi"), "ga1", structural_tag=bad))
+    finish = chunk["meta_info"]["finish_reason"]
+    assert finish == {"type": "abort", "status_code": 400, "err_type": "BadRequestError",
+                      "message": f"Invalid grammar request: req.grammar_key=('structural_tag', {bad!r})"}
+    assert chunk["output_ids"] == [] and chunk["meta_info"]["completion_tokens"] == 0
+    whole = await http.post("/generate", json={**sglang_body(user_prompt("hi"), "ga2", structural_tag=bad), "stream": False})
+    assert whole.status_code == 400 and whole.json()["error"]["message"].startswith("Invalid grammar request")
+    two = await refused_stream(http, sglang_body(user_prompt("hi"), "ga3", regex="a", ebnf="root ::= 'a'"))
+    assert two == {"error": {"message": "Only one of regex, json_schema, or ebnf can be set."}}

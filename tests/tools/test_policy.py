@@ -1,42 +1,48 @@
-"""The outbound allowlist: which server URLs pass, and what happens to caller headers."""
+"""The outbound allowlist: how server URLs match it, which requests are malformed on their
+face, and what happens to caller headers. (Addresses: test_egress.py.)"""
 
 from __future__ import annotations
 
 import pytest
 
 from contracts.messages.tools import McpServer
-from services.tools.policy import PolicyError, ServerPolicy, is_loopback
+from services.tools.egress import EgressRules, Listing
+from services.tools.policy import PolicyError, ServerPolicy, origin
 
 
 def policy(*allowed: str, loopback: bool = True, builtins: dict[str, str] | None = None) -> ServerPolicy:
-    return ServerPolicy(list(allowed), builtins or {}, allow_loopback=loopback, max_header_bytes=1024)
+    rules = EgressRules(allow_loopback=loopback)
+    return ServerPolicy(list(allowed), builtins or {}, rules=rules, max_header_bytes=1024)
 
 
 def server(url: str, **headers: str) -> McpServer:
     return McpServer(server_label="s", server_url=url, headers=headers)
 
 
-@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "127.8.9.10", "::1"])
-def test_loopback_hosts(host: str) -> None:
-    assert is_loopback(host)
-
-
-@pytest.mark.parametrize("host", ["127.1", "0x7f.1", "localhost.example.com", "10.0.0.1", "::2", "0.0.0.0"])
-def test_not_loopback(host: str) -> None:
-    assert not is_loopback(host)
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:8000/mcp", "http://localhost/mcp", "https://[::1]:9/x", "HTTP://LOCALHOST:1/sse",
+     "http://example.com/mcp", "https://10.0.0.1/mcp"],
+)
+def test_well_formed_urls_are_decided_when_connecting(url: str) -> None:
+    """Whether a destination is allowed depends on where its name points: never a 400."""
+    for p in (policy(), policy(loopback=False)):
+        assert p.resolve(server(url)).server_url == url
+        assert p.listing(url) is Listing.NONE
 
 
 @pytest.mark.parametrize(
-    "url",
-    ["http://127.0.0.1:8000/mcp", "http://localhost/mcp", "https://[::1]:9/x", "HTTP://LOCALHOST:1/sse"],
+    ("url", "expected"),
+    [
+        ("http://example.com/mcp", "http://example.com:80"),
+        ("https://Example.COM/mcp", "https://example.com:443"),
+        ("https://example.com:8443/x?y", "https://example.com:8443"),
+        ("http://[::1]:9/x", "http://[::1]:9"),
+        ("http://127.0.0.1/x", "http://127.0.0.1:80"),
+    ],
 )
-def test_loopback_allowed_by_default(url: str) -> None:
-    policy().check_url(url)
-
-
-def test_loopback_can_be_turned_off() -> None:
-    with pytest.raises(PolicyError, match="not allowed"):
-        policy(loopback=False).check_url("http://127.0.0.1:8000/mcp")
+def test_origin(url: str, expected: str) -> None:
+    assert origin(url) == expected
 
 
 @pytest.mark.parametrize(
@@ -64,12 +70,8 @@ def test_loopback_can_be_turned_off() -> None:
     ],
 )
 def test_allowlist_entries(entry: str, url: str, allowed: bool) -> None:
-    p = policy(entry, loopback=False)
-    if allowed:
-        p.check_url(url)
-    else:
-        with pytest.raises(PolicyError):
-            p.check_url(url)
+    listing = policy(entry, loopback=False).listing(url)
+    assert (listing is not Listing.NONE) is allowed
 
 
 @pytest.mark.parametrize(
@@ -83,14 +85,9 @@ def test_allowlist_entries(entry: str, url: str, allowed: bool) -> None:
 )
 def test_malformed_urls(url: str, message: str) -> None:
     with pytest.raises(PolicyError, match=message):
-        policy().check_url(url)
-
-
-def test_refusal_does_not_leak_the_allowlist() -> None:
-    with pytest.raises(PolicyError) as refused:
-        policy("internal.corp:9000", loopback=False).check_url("http://example.com/mcp")
-    assert "internal.corp" not in str(refused.value)
-    assert "http://example.com/mcp" in str(refused.value)
+        policy().resolve(server(url))
+    with pytest.raises(PolicyError, match=message):
+        policy().listing(url)
 
 
 def test_builtins_resolve_and_are_allowed() -> None:
@@ -99,7 +96,9 @@ def test_builtins_resolve_and_are_allowed() -> None:
     assert resolved.server_url == "http://browser.internal:8080/mcp"
     assert resolved.server_label == "browser"
     assert p.builtin("browser") == McpServer(server_label="browser", server_url="http://browser.internal:8080/mcp")
-    p.check_url("http://browser.internal:8080/mcp/")  # the configured URL passes directly too
+    # the configured URL is an exact entry when named directly too
+    assert p.listing("http://browser.internal:8080/mcp/") is Listing.EXACT
+    assert p.listing("http://browser.internal:8081/mcp/") is Listing.NONE
     with pytest.raises(PolicyError, match="Unknown built-in tool server 'python'.*browser"):
         p.resolve(McpServer.builtin("python"))
 

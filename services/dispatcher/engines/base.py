@@ -10,17 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
-
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest
+from services.dispatcher.engines.http import EngineHttp
 
 _CONTEXT_HINTS = ("context length", "context_length", "maximum context", "too long", "max_model_len")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per token, and a frozen __init__ costs twice as much
 class EngineChunk:
-    """One engine stream event, normalised: ``token_ids`` is a delta."""
+    """One engine stream event, normalised: ``token_ids`` is a delta. Not changed once made."""
 
     token_ids: list[int] = field(default_factory=list)
     finish_reason: EngineFinishReason | None = None
@@ -39,13 +38,16 @@ class EngineFailure(Exception):
 
 
 class StreamDecoder(Protocol):
-    """Per-request state turning engine stream events into chunks."""
+    """Per-request state turning engine stream events into chunks. A decoder may say what an
+    ``{"error": ...}`` event without a ``code`` means in its protocol (``stream_error_status``,
+    an HTTP status; 500 when it does not)."""
 
     def feed(self, event: dict[str, Any]) -> EngineChunk | None: ...
 
 
 class EngineAdapter(Protocol):
     kind: str  # vllm | sglang
+    resumable: bool  # can continue an output from its tokens (token-id prompts can)
 
     def request(self, req: GenerateRequest) -> tuple[str, dict[str, Any]]:
         """The path and JSON body of a streaming generate call."""
@@ -54,17 +56,37 @@ class EngineAdapter(Protocol):
     def decoder(self, req: GenerateRequest) -> StreamDecoder: ...
 
     async def abort(
-        self, client: httpx.AsyncClient, base_url: str, request_id: str, timeout: float
+        self, http: EngineHttp, base_url: str, request_id: str, timeout: float
     ) -> None:
         """Stop the request in the engine (beyond closing the stream, if the protocol needs it)."""
         ...
 
 
+def engine_prompt(req: GenerateRequest) -> list[int]:
+    """The prompt the engine sees: the rendered prompt, then the output of an earlier attempt
+    (the engine continues it; a prefix cache makes that cheap)."""
+    if not req.resume_tokens:
+        return req.prompt_token_ids
+    return [*req.prompt_token_ids, *req.resume_tokens]
+
+
+def max_new_tokens(req: GenerateRequest) -> int | None:
+    """The output budget left (``None``: as much as the context allows)."""
+    limit = req.sampling.max_tokens
+    if limit is None:
+        return None
+    return max(1, limit - len(req.resume_tokens))
+
+
 def token_ids(value: Any) -> list[int]:
     """Token ids from an engine event; ``ValueError`` when they are not a list of ints."""
-    if not isinstance(value, list) or not all(type(t) is int and t >= 0 for t in value):
-        raise ValueError(f"token ids must be a list of non-negative ints, got {str(value)[:80]}")
-    return value
+    if type(value) is list:
+        for t in value:  # a loop, not all(<generator>): this runs once per token
+            if type(t) is not int or t < 0:
+                break
+        else:
+            return value
+    raise ValueError(f"token ids must be a list of non-negative ints, got {str(value)[:80]}")
 
 
 def error_for_status(status: int, message: str) -> BusError:

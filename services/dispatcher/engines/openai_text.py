@@ -12,13 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from contracts.errors import BusError, ErrorCode
-from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest
+from contracts.messages.generate import EngineUsage, GenerateRequest
 from services.common.harmony import CALL, RETURN, harmony_encoding
-from services.common.textstream import HarmonyTextTokenizer, prompt_messages
 from services.dispatcher.engines.base import EngineChunk, error_message
+from services.dispatcher.engines.http import EngineHttp
+from services.dispatcher.textstream import Finish, TextToHarmonyTokens, prompt_messages
 
 
 def _usage(raw: Any) -> EngineUsage | None:
@@ -30,7 +29,7 @@ def _usage(raw: Any) -> EngineUsage | None:
 
 class OpenAITextDecoder:
     def __init__(self) -> None:
-        self.tokens = HarmonyTextTokenizer(harmony_encoding())
+        self.tokens = TextToHarmonyTokens(harmony_encoding())
         self.last_id: int | None = None
 
     def feed(self, event: dict[str, Any]) -> EngineChunk | None:
@@ -58,7 +57,7 @@ class OpenAITextDecoder:
             if ids:
                 self.last_id = ids[-1]
             return EngineChunk(token_ids=ids, usage=usage) if ids or usage else None
-        finish: EngineFinishReason = "length" if raw_finish == "length" else "stop"
+        finish: Finish = "length" if raw_finish == "length" else "stop"
         ids += self.tokens.finish(finish)
         stop_id = ids[-1] if ids and ids[-1] in (RETURN, CALL) else None
         return EngineChunk(token_ids=ids, finish_reason=finish, stop_token_id=stop_id, usage=usage)
@@ -68,6 +67,8 @@ class OpenAITextAdapter:
     def __init__(self, chat: bool) -> None:
         self.chat = chat
         self.kind = "openai-chat" if chat else "openai"
+        # the upstream's text is converted as a fresh output: a cut-off one cannot be continued
+        self.resumable = False
 
     def request(self, req: GenerateRequest) -> tuple[str, dict[str, Any]]:
         s = req.sampling
@@ -91,5 +92,5 @@ class OpenAITextAdapter:
     def decoder(self, req: GenerateRequest) -> OpenAITextDecoder:
         return OpenAITextDecoder()
 
-    async def abort(self, client: httpx.AsyncClient, base_url: str, request_id: str, timeout: float) -> None:
+    async def abort(self, http: EngineHttp, base_url: str, request_id: str, timeout: float) -> None:
         """Closing the HTTP stream is the abort."""

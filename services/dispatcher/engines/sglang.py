@@ -4,32 +4,42 @@ By default each chunk repeats everything so far (CUMULATIVE); with the server fl
 ``--incremental-streaming-output`` chunks are deltas. ``auto`` tells them apart per chunk from
 ``meta_info.completion_tokens`` (the total so far) against the ids already received.
 ``finish_reason`` is null, then ``{"type": "stop", "matched": ID}``, ``{"type": "length"}`` or
-``{"type": "abort", "message"}``. Aborting takes ``POST /abort_request {"rid"}``."""
+``{"type": "abort", "message"}``. A request SGLang refuses while streaming (its
+TokenizerManager's ValueErrors: context length, sampling parameters) comes as HTTP 200 and one
+``data: {"error": {"message"}}`` event. Aborting takes ``POST /abort_request {"rid"}``."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Any, Literal
 
-import httpx
+import orjson
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineUsage, GenerateRequest
 from services.dispatcher.engines.base import (
     EngineChunk,
+    engine_prompt,
     error_for_status,
     error_message,
+    max_new_tokens,
     token_ids,
 )
+from services.dispatcher.engines.constraints import sglang_structural_tag
+from services.dispatcher.engines.http import EngineHttp, HttpError
 
 Mode = Literal["auto", "cumulative", "incremental"]
 
 
-def generate_body(req: GenerateRequest, default_max_tokens: int) -> dict[str, Any]:
+def generate_body(req: GenerateRequest, default_max_tokens: int | None = None) -> dict[str, Any]:
+    """``default_max_tokens``: the budget when the client set none; ``None`` sends null, which
+    SGLang's scheduler clips to the room left in the context (``init_req_max_new_tokens``)."""
     s = req.sampling
+    limit = max_new_tokens(req)
     sampling: dict[str, Any] = {
-        # always set: SGLang's own default is 128 new tokens
-        "max_new_tokens": s.max_tokens if s.max_tokens is not None else default_max_tokens,
+        # always sent, null included: absent means SGLang's default of 128 new tokens. A number
+        # reaching the context length is refused (TokenizerManager._validate_one_request: 400)
+        "max_new_tokens": limit if limit is not None else default_max_tokens,
         "stop_token_ids": req.stop_token_ids,
         "skip_special_tokens": False,
         "no_stop_trim": True,
@@ -42,9 +52,11 @@ def generate_body(req: GenerateRequest, default_max_tokens: int) -> dict[str, An
         sampling["sampling_seed"] = s.seed
     if s.stop:
         sampling["stop"] = s.stop
+    if (tag := sglang_structural_tag(req)) is not None:
+        sampling["structural_tag"] = tag
     return {
-        "input_ids": req.prompt_token_ids,
-        "rid": req.request_id,
+        "input_ids": engine_prompt(req),
+        "rid": req.generation_id,
         "stream": True,
         "sampling_params": sampling,
     }
@@ -62,6 +74,10 @@ def _usage(meta: dict[str, Any]) -> EngineUsage | None:
 
 
 class SglangDecoder:
+    # SGLang's /generate streams a request it refuses (ValueError: context length, sampling
+    # parameters) as HTTP 200 and a ``data: {"error": {"message"}}`` event: a caller's mistake
+    stream_error_status = 400
+
     def __init__(self, mode: Mode) -> None:
         self.mode: Mode = mode
         self.ids: list[int] = []  # everything received (needed to slice cumulative chunks)
@@ -121,8 +137,9 @@ class SglangDecoder:
 
 class SglangAdapter:
     kind = "sglang"
+    resumable = True
 
-    def __init__(self, mode: Mode = "auto", default_max_tokens: int = 131072) -> None:
+    def __init__(self, mode: Mode = "auto", default_max_tokens: int | None = None) -> None:
         self.mode: Mode = mode
         self.default_max_tokens = default_max_tokens
 
@@ -133,7 +150,8 @@ class SglangAdapter:
         return SglangDecoder(self.mode)
 
     async def abort(
-        self, client: httpx.AsyncClient, base_url: str, request_id: str, timeout: float
+        self, http: EngineHttp, base_url: str, request_id: str, timeout: float
     ) -> None:
-        with contextlib.suppress(httpx.HTTPError):
-            await client.post(f"{base_url}/abort_request", json={"rid": request_id}, timeout=timeout)
+        with contextlib.suppress(HttpError):
+            await http.request("POST", f"{base_url}/abort_request", orjson.dumps({"rid": request_id}),
+                               timeout=timeout)

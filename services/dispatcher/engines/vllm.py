@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest
-from services.dispatcher.engines.base import EngineChunk, token_ids
+from services.dispatcher.engines.base import EngineChunk, engine_prompt, max_new_tokens, token_ids
+from services.dispatcher.engines.constraints import vllm_structured_outputs
+from services.dispatcher.engines.http import EngineHttp
 
 FINISH_REASONS: dict[str, EngineFinishReason] = {
     "stop": "stop", "length": "length", "abort": "abort", "error": "error",
@@ -26,15 +26,15 @@ def completion_body(req: GenerateRequest) -> dict[str, Any]:
     s = req.sampling
     body: dict[str, Any] = {
         "model": req.model,
-        "prompt": req.prompt_token_ids,
+        "prompt": engine_prompt(req),
         # null: all the room left in the context (vLLM's /v1/completions default would be 16)
-        "max_tokens": s.max_tokens,
+        "max_tokens": max_new_tokens(req),
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
         "skip_special_tokens": False,
         "stop_token_ids": req.stop_token_ids,
-        "request_id": req.request_id,
+        "request_id": req.generation_id,
     }
     if s.temperature is not None:
         body["temperature"] = s.temperature
@@ -44,6 +44,8 @@ def completion_body(req: GenerateRequest) -> dict[str, Any]:
         body["seed"] = s.seed
     if s.stop:
         body["stop"] = s.stop
+    if (structured := vllm_structured_outputs(req)) is not None:
+        body["structured_outputs"] = structured
     return body
 
 
@@ -100,6 +102,7 @@ class VllmDecoder:
 
 class VllmAdapter:
     kind = "vllm"
+    resumable = True
 
     def request(self, req: GenerateRequest) -> tuple[str, dict[str, Any]]:
         return "/v1/completions", completion_body(req)
@@ -108,6 +111,6 @@ class VllmAdapter:
         return VllmDecoder(req.stop_token_ids)
 
     async def abort(
-        self, client: httpx.AsyncClient, base_url: str, request_id: str, timeout: float
+        self, http: EngineHttp, base_url: str, request_id: str, timeout: float
     ) -> None:
         """Closing the HTTP stream is vLLM's abort."""

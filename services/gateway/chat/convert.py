@@ -5,7 +5,15 @@ sees ``ConversationItem``s."""
 
 from __future__ import annotations
 
-from contracts.messages.encode import EncodeRequest, FunctionTool, NamedToolChoice, ToolChoice
+from typing import Any
+
+from contracts.messages.encode import (
+    EncodeRequest,
+    FunctionTool,
+    NamedToolChoice,
+    ResponseFormat,
+    ToolChoice,
+)
 from contracts.messages.generate import SamplingParams
 from contracts.messages.items import (
     ConversationItem,
@@ -14,8 +22,16 @@ from contracts.messages.items import (
     MessageItem,
     ReasoningItem,
 )
-from services.gateway.chat.models import ChatMessage, ChatRequest, NamedToolChoiceParam
+from services.gateway import structured
+from services.gateway.chat.models import (
+    ChatMessage,
+    ChatRequest,
+    NamedToolChoiceParam,
+    ResponseFormatJsonObject,
+    ResponseFormatJsonSchema,
+)
 from services.gateway.errors import invalid
+from services.gateway.structured import schema_error
 
 
 def _text(message: ChatMessage, index: int) -> str:
@@ -70,9 +86,23 @@ def _tool_choice(request: ChatRequest) -> ToolChoice:
     return choice or "auto"
 
 
-def to_encode_request(request: ChatRequest, request_id: str) -> EncodeRequest:
+def response_format_of(request: ChatRequest) -> ResponseFormat | None:
+    fmt = request.response_format
+    if isinstance(fmt, ResponseFormatJsonSchema):
+        error = schema_error(fmt.json_schema.schema_)
+        if error is not None:
+            raise invalid(f"response_format.json_schema.schema is not a valid JSON schema: {error}",
+                          "response_format.json_schema.schema")
+        spec = fmt.json_schema
+        return structured.response_format("json_schema", name=spec.name, schema=spec.schema_,
+                                          description=spec.description, strict=spec.strict)
+    if isinstance(fmt, ResponseFormatJsonObject):
+        return structured.response_format("json_object")
+    return None
+
+
+def to_encode_request(request: ChatRequest, fmt: ResponseFormat | None = None) -> EncodeRequest:
     return EncodeRequest(
-        request_id=request_id,
         model=request.model,
         items=messages_to_items(request.messages),
         tools=[
@@ -84,21 +114,27 @@ def to_encode_request(request: ChatRequest, request_id: str) -> EncodeRequest:
             for t in request.tools or []
         ],
         tool_choice=_tool_choice(request),
-        reasoning_effort=request.reasoning_effort or "medium",
+        reasoning_effort=request.effort,
+        response_format=fmt,
     )
 
 
-def to_sampling(request: ChatRequest, default_max_tokens: int | None) -> SamplingParams:
+def to_sampling(request: ChatRequest, default_max_tokens: int | None,
+                fmt: ResponseFormat | None = None) -> SamplingParams:
+    choice = request.tool_choice
+    named = choice.function.name if isinstance(choice, NamedToolChoiceParam) else choice
+    offered = [t.function.name for t in request.tools or []]
     return SamplingParams(
         max_tokens=request.max_output or default_max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
         seed=request.seed,
         stop=request.stop_list,
+        constraint=structured.constraint(fmt, named, offered),
     )
 
 
-def offered_tools(request: ChatRequest) -> tuple[list[str], dict[str, dict]]:
+def offered_tools(request: ChatRequest) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """Names and JSON schemas of the function tools the model may call (for recovery)."""
     tools = request.tools or []
     if request.tool_choice == "none":

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from openai.types.chat import ChatCompletion
+
 from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
 from contracts.messages.parse import (
     Failed,
@@ -116,6 +118,21 @@ class ChatState:
         if self.tools and reason == "stop":
             return "tool_calls"
         return reason
+
+    @property
+    def text(self) -> str:
+        return "".join(self.content)
+
+    def completion(self, request_id: str, model: str, created: int) -> ChatCompletion:
+        """The whole answer, as openai-python's ChatCompletion (reasoning under both of the
+        names clients read)."""
+        return ChatCompletion.model_validate({
+            "id": request_id, "object": "chat.completion", "created": created, "model": model,
+            "system_fingerprint": None,
+            "choices": [{"index": 0, "message": self.message(), "logprobs": None,
+                         "finish_reason": self.finish_reason}],
+            "usage": usage_json(self.finished.usage if self.finished else None),
+        })
 
     def message(self) -> dict[str, Any]:
         reasoning = "".join(self.reasoning) or None

@@ -1,38 +1,79 @@
-"""POST /v1/chat/completions."""
+"""POST /v1/chat/completions: one generation, answered whole (a ChatCompletion) or streamed
+(ChatCompletionChunk SSE: the envelope serialised once, each delta spliced into it)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from opentelemetry.trace import use_span as trace_use_span
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from services.common import metrics, telemetry
+from contracts.errors import BusError, ErrorCode
+from contracts.messages.encode import ResponseFormat
+from contracts.messages.generate import ParseSpec
 from services.common.bus import BusFailure
-from services.gateway.chat.convert import offered_tools, to_encode_request, to_sampling
+from services.common.telemetry import carrier_of
+from services.gateway import structured
+from services.gateway.chat.convert import (
+    offered_tools,
+    response_format_of,
+    to_encode_request,
+    to_sampling,
+)
 from services.gateway.chat.models import ChatRequest
 from services.gateway.chat.respond import ChatState, usage_json
-from services.gateway.context import get_ctx
-from services.gateway.errors import ApiError
-from services.gateway.pipeline import Generation
-from services.gateway.streaming import first_then_rest, wait_disconnect
+from services.gateway.context import GatewayContext, get_ctx
+from services.gateway.errors import public
+from services.gateway.generation import Generation, GenerationSpec
+from services.gateway.observe import Observed
+from services.gateway.streaming import wait_disconnect
 from services.gateway.validation import parse_body
 
 router = APIRouter()
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+DONE = b"data: [DONE]\n\n"
 
 
-def _chunk(base: dict[str, Any], delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-    body = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                 "finish_reason": finish_reason}]}
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+class ChunkWriter:
+    """SSE chunks of one streamed completion: the envelope is serialised once, each delta is
+    spliced into it (a chunk per parser batch is on every token's path). Every chunk is a
+    valid ChatCompletionChunk (a test checks)."""
+
+    def __init__(self, base: dict[str, Any]) -> None:
+        head = orjson.dumps({**base, "choices": [{"index": 0, "delta": None}]})
+        self._head = b"data: " + head[: head.rindex(b"null")]
+        self._tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+        self.base = base
+
+    def delta(self, delta: dict[str, Any]) -> bytes:
+        return self._head + orjson.dumps(delta) + self._tail
+
+    def finish(self, finish_reason: str) -> bytes:
+        return self._head + b'{},"logprobs":null,"finish_reason":' + orjson.dumps(finish_reason) + b"}]}\n\n"
+
+    def usage(self, state: ChatState) -> bytes:
+        usage = usage_json(state.finished.usage if state.finished else None)
+        return b"data: " + orjson.dumps({**self.base, "choices": [], "usage": usage}) + b"\n\n"
+
+
+def sse_error(error: BusError) -> bytes:
+    return b"data: " + orjson.dumps(public(error).openai_body()) + b"\n\n"
+
+
+def format_failure(state: ChatState, fmt: ResponseFormat | None) -> BusError | None:
+    """The answer did not follow the requested format (the grammar should have made it)."""
+    if fmt is None or state.failed is not None or state.tools or state.finish_reason != "stop":
+        return None
+    why = structured.check(state.text, fmt)
+    return None if why is None else BusError(code=ErrorCode.ENGINE_ERROR,
+                                              message=f"The model's answer did not follow response_format: {why}")
 
 
 @router.post("/v1/chat/completions")
@@ -41,112 +82,108 @@ async def chat_completions(request: Request) -> Any:
     body = parse_body(await request.body(), ChatRequest)
     ctx.check_model(body.model)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    encode = to_encode_request(body, request_id)
-    sampling = to_sampling(body, ctx.settings.default_max_tokens)
+    fmt = response_format_of(body)
+    sampling = to_sampling(body, ctx.settings.default_max_tokens, fmt)
     names, schemas = offered_tools(body)
-    start = ctx.pipeline.start(request_id, encode, sampling, tool_names=names, tool_schemas=schemas)
-    span = telemetry.tracer().start_span(f"chat {body.model}", attributes={
-        telemetry.GEN_AI_OPERATION: "chat", telemetry.GEN_AI_SYSTEM: "openai",
-        telemetry.GEN_AI_REQUEST_MODEL: body.model, telemetry.GEN_AI_RESPONSE_ID: request_id,
-    })
-    with trace_use_span(span, end_on_exit=not body.stream):
-        return await _respond(request, ctx, body, request_id, start, span)
+    seen = Observed.start(request, api="chat", model=body.model, request_id=request_id, stream=body.stream,
+                          max_tokens=sampling.max_tokens, temperature=body.temperature, top_p=body.top_p)
+    spec = GenerationSpec(to_encode_request(body, fmt), sampling,
+                          ParseSpec(request_id=request_id, tool_names=names, tool_schemas=schemas),
+                          trace=carrier_of(seen.span))
+    try:
+        if body.stream:
+            return await _streamed(ctx, body, spec, request_id, seen, fmt)
+        return await _whole(ctx, request, body, spec, request_id, seen, fmt)
+    except BaseException as exc:
+        seen.finish(outcome="failed", error=getattr(getattr(exc, "error", None), "message", type(exc).__name__))
+        raise
 
 
-async def _respond(request: Request, ctx: Any, body: ChatRequest, request_id: str, start: Any,
-                   span: Any) -> Any:
-    if body.stream:
-        holder: list[Generation] = []
-        stream = _stream(start, body, request_id, holder, span)
-        first = await anext(stream)  # setup errors surface here, as a proper HTTP status
-        return StreamingResponse(
-            first_then_rest(first, stream), media_type="text/event-stream",
-            headers={**SSE_HEADERS, **server_timing(holder[0])},
-        )
-    async with start as generation:
-        collect = asyncio.ensure_future(_collect(generation))
+async def _whole(ctx: GatewayContext, request: Request, body: ChatRequest, spec: GenerationSpec,
+                 request_id: str, seen: Observed, fmt: ResponseFormat | None) -> Response:
+    async with ctx.generations.open(spec) as generation:
+        collect = asyncio.ensure_future(_collect(generation, seen))
         gone = asyncio.ensure_future(wait_disconnect(request))
         done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if collect not in done:
+        if collect not in done:  # the client is gone: leaving the context aborts the engine
             collect.cancel()
-            return JSONResponse({}, status_code=499)  # the client is gone; the engine is aborted
+            with contextlib.suppress(BaseException):
+                await collect
+            seen.finish(outcome="client_gone")
+            return JSONResponse({}, status_code=499)
         gone.cancel()
         state = collect.result()
-        _record(span, state)
+    worker = generation.accepted.worker if generation.accepted else None
     if state.failed is not None and not (state.content or state.tools or state.reasoning):
+        seen.finish(outcome="failed", worker=worker, error=state.failed.error.message)
         raise BusFailure(state.failed.error)
-    body_json = {
-        "id": request_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": body.model,
-        "system_fingerprint": None,
-        "choices": [
-            {"index": 0, "message": state.message(), "logprobs": None,
-             "finish_reason": state.finish_reason}
-        ],
-        "usage": usage_json(state.finished.usage if state.finished else None),
-    }
-    return JSONResponse(body_json, headers=server_timing(generation))
+    failure = format_failure(state, fmt)
+    if failure is not None:
+        seen.finish(outcome="failed", worker=worker, error=failure.message)
+        raise BusFailure(failure)
+    usage = state.finished.usage if state.finished else None
+    seen.finish(outcome=state.finish_reason, usage=usage, finish_reasons=[state.finish_reason], worker=worker)
+    completion = state.completion(request_id, body.model, int(time.time()))
+    return Response(completion.model_dump_json(exclude_unset=True), media_type="application/json",
+                    headers=server_timing(generation))
 
 
-async def _collect(generation: Generation) -> ChatState:
+async def _collect(generation: Generation, seen: Observed) -> ChatState:
     state = ChatState()
     async for batch in generation.batches():
-        state.apply(batch)
+        if state.apply(batch):
+            seen.first_output()
     return state
 
 
-def _record(span: Any, state: ChatState) -> None:
-    """GenAI semantic-convention attributes and metrics for the finished request."""
-    metrics.REQUESTS.labels("chat", "failed" if state.failed else state.finish_reason).inc()
-    if state.finished is not None:
-        metrics.OUTPUT_TOKENS.labels("chat").inc(state.finished.usage.completion_tokens)
-    if state.finished is not None:
-        span.set_attribute(telemetry.GEN_AI_USAGE_INPUT_TOKENS, state.finished.usage.prompt_tokens)
-        span.set_attribute(telemetry.GEN_AI_USAGE_OUTPUT_TOKENS, state.finished.usage.completion_tokens)
-    span.set_attribute(telemetry.GEN_AI_RESPONSE_FINISH_REASONS, [state.finish_reason])
-
-
 def server_timing(generation: Generation) -> dict[str, str]:
-    """How long set-up took on the bus (encode incl. prompt rendering, and engine accept)."""
-    t = generation.timings
-    return {"Server-Timing": f"encode;dur={t.encode_ms:.3f}, render;dur={t.render_ms:.3f}, "
-                             f"accept;dur={t.accept_ms:.3f}"}
+    """How long set-up took: prompt rendering, and everything until an engine took it."""
+    render = generation.accepted.render_ms if generation.accepted is not None else 0.0
+    return {"Server-Timing": f"render;dur={render:.3f}, accept;dur={generation.accept_ms:.3f}"}
 
 
-async def _stream(
-    start: Any, body: ChatRequest, request_id: str, holder: list[Generation], span: Any
-) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in _stream_chunks(start, body, request_id, holder, span):
-            yield chunk
-    finally:
-        span.end()
+async def _streamed(ctx: GatewayContext, body: ChatRequest, spec: GenerationSpec, request_id: str,
+                    seen: Observed, fmt: ResponseFormat | None) -> Response:
+    holder: list[Generation] = []
+    stream = _chunks(ctx, body, spec, request_id, holder, seen, fmt)
+    first = await anext(stream)  # set-up errors surface here, as a proper HTTP status
+
+    async def rest() -> AsyncIterator[bytes]:
+        try:
+            yield first
+            async for chunk in stream:
+                yield chunk
+        finally:
+            await stream.aclose()
+            seen.finish(outcome="client_gone")  # no-op when the stream ended normally
+
+    return StreamingResponse(rest(), media_type="text/event-stream",
+                             headers={**SSE_HEADERS, **server_timing(holder[0])})
 
 
-async def _stream_chunks(
-    start: Any, body: ChatRequest, request_id: str, holder: list[Generation], span: Any
-) -> AsyncIterator[bytes]:
-    base = {"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": body.model, "system_fingerprint": None}
+async def _chunks(ctx: GatewayContext, body: ChatRequest, spec: GenerationSpec, request_id: str,
+                  holder: list[Generation], seen: Observed, fmt: ResponseFormat | None) -> AsyncGenerator[bytes, None]:
+    chunks = ChunkWriter({"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                          "model": body.model, "system_fingerprint": None})
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    async with start as generation:
+    async with ctx.generations.open(spec) as generation:
         holder.append(generation)
-        yield _chunk(base, {"role": "assistant", "content": ""})
+        yield chunks.delta({"role": "assistant", "content": ""})
         state = ChatState()
         async for batch in generation.batches():
-            for delta in state.apply(batch):
-                yield _chunk(base, delta)
-        _record(span, state)
-        if state.failed is not None:
-            yield b"data: " + json.dumps(state.failed.error.openai_body()).encode() + b"\n\n"
-        else:
-            yield _chunk(base, {}, state.finish_reason)
-            if include_usage:
-                usage = usage_json(state.finished.usage if state.finished else None)
-                yield b"data: " + json.dumps({**base, "choices": [], "usage": usage}).encode() + b"\n\n"
-    yield b"data: [DONE]\n\n"
-
-
-__all__ = ["router", "ApiError"]
+            out = b"".join(chunks.delta(delta) for delta in state.apply(batch))
+            if out:
+                seen.first_output()
+                yield out
+    worker = generation.accepted.worker if generation.accepted else None
+    failure = state.failed.error if state.failed is not None else format_failure(state, fmt)
+    usage = state.finished.usage if state.finished else None
+    if failure is not None:
+        seen.finish(outcome="failed", usage=usage, worker=worker, error=failure.message)
+        yield sse_error(failure)
+    else:
+        seen.finish(outcome=state.finish_reason, usage=usage, finish_reasons=[state.finish_reason], worker=worker)
+        yield chunks.finish(state.finish_reason)
+        if include_usage:
+            yield chunks.usage(state)
+    yield DONE

@@ -1,13 +1,56 @@
-"""Parser events -> Responses API stream events, with the bookkeeping clients depend on:
-a strictly increasing ``sequence_number``, one ``output_index`` per item across every model
-turn of the response, ``content_index`` from 0 in each item, every ``.added`` matched by its
-``.done`` and ``item_id`` on every delta."""
+"""A Responses run's output as typed stream events (openai.types.responses), with the
+bookkeeping clients depend on: a strictly increasing ``sequence_number``, one ``output_index``
+per item across every model turn, ``content_index`` from 0 in each item, every ``.added``
+matched by its ``.done``, ``item_id`` on every delta.
+
+``Output`` owns what the run has produced (items by output index, the items still streaming);
+``EventWriter`` turns parser events and items Chorus makes itself into stream events and
+records them in ``Output``. How an item is shown (an MCP call, a web search, a reasoning item
+with a sealed copy or a summary) is ``ItemView``'s business."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from openai.types.responses import (
+    ResponseContentPartAddedEvent,
+    ResponseContentPartDoneEvent,
+    ResponseFunctionCallArgumentsDeltaEvent,
+    ResponseFunctionCallArgumentsDoneEvent,
+    ResponseMcpCallArgumentsDeltaEvent,
+    ResponseMcpCallArgumentsDoneEvent,
+    ResponseMcpCallCompletedEvent,
+    ResponseMcpCallFailedEvent,
+    ResponseMcpCallInProgressEvent,
+    ResponseMcpListToolsCompletedEvent,
+    ResponseMcpListToolsFailedEvent,
+    ResponseMcpListToolsInProgressEvent,
+    ResponseOutputItemAddedEvent,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputText,
+    ResponseReasoningSummaryPartAddedEvent,
+    ResponseReasoningSummaryPartDoneEvent,
+    ResponseReasoningSummaryTextDeltaEvent,
+    ResponseReasoningSummaryTextDoneEvent,
+    ResponseReasoningTextDeltaEvent,
+    ResponseReasoningTextDoneEvent,
+    ResponseStreamEvent,
+    ResponseTextDeltaEvent,
+    ResponseTextDoneEvent,
+    ResponseWebSearchCallCompletedEvent,
+    ResponseWebSearchCallInProgressEvent,
+    ResponseWebSearchCallSearchingEvent,
+)
+from openai.types.responses.response_content_part_added_event import (
+    PartReasoningText as AddedReasoningText,
+)
+from openai.types.responses.response_content_part_done_event import (
+    PartReasoningText as DoneReasoningText,
+)
+from openai.types.responses.response_reasoning_summary_part_added_event import Part as AddedSummary
+from openai.types.responses.response_reasoning_summary_part_done_event import Part as DoneSummary
 
 from contracts.messages.items import (
     ConversationItem,
@@ -19,38 +62,24 @@ from contracts.messages.items import (
     ReasoningItem,
 )
 from contracts.messages.parse import ItemAdded, ItemDelta, ItemDone, ParseEvent
-from services.gateway.responses.convert import as_reasoning, is_builtin_reasoning, output_json
+from services.gateway.responses.items import output_item
 
-Event = dict[str, Any]
+Event = ResponseStreamEvent
+BUILTIN_NAMESPACES = ("browser", "python", "container")
 
 
 @dataclass
-class EventWriter:
-    seq: int = 0
-    offset: int = 0  # output_index of this turn's first item
+class ItemView:
+    """How parsed items are shown: calls into an MCP server's namespace as ``mcp_call`` (or
+    ``mcp_approval_request``), python/container calls as reasoning (as vLLM does), reasoning
+    with a sealed copy (``include: reasoning.encrypted_content``) and a summary."""
+
     mcp_labels: frozenset[str] = frozenset()
     needs_approval: Callable[[str, str], bool] = lambda label, name: False
-    pending_mcp: list[tuple[int, McpCallItem]] = field(default_factory=list)  # called, not yet run
-    # gpt-oss built-in calls (browser.*, python) as the model wrote them, by output_index
-    builtin_calls: list[tuple[int, FunctionCallItem]] = field(default_factory=list)
-    pending_search: dict[int, FunctionCallItem] = field(default_factory=dict)  # web_search_call not yet run
-    _finished: dict[int, ConversationItem] = field(default_factory=dict)  # output_index -> done item
-    _open: dict[int, ConversationItem] = field(default_factory=dict)  # output_index -> started item
-    _texts: dict[int, list[str]] = field(default_factory=dict)
-    _turn_max: int = -1
+    seal: Callable[[str], str] | None = None
+    summary: bool = False
 
-    @property
-    def output(self) -> list[ConversationItem]:
-        """Finished items in output_index order."""
-        return [self._finished[i] for i in sorted(self._finished)]
-
-    def turn_items(self) -> list[ConversationItem]:
-        """Finished items of the current model turn."""
-        return [self._finished[i] for i in sorted(self._finished) if i >= self.offset]
-
-    def _shown(self, item: ConversationItem) -> ConversationItem:
-        """How a parsed item is shown: python/container calls as reasoning (as vLLM does), calls
-        into an MCP server's namespace as mcp_call (or mcp_approval_request)."""
+    def show(self, item: ConversationItem) -> ConversationItem:
         if isinstance(item, FunctionCallItem):
             if item.namespace in self.mcp_labels:
                 suffix = (item.id or "").split("_", 1)[-1]
@@ -59,154 +88,248 @@ class EventWriter:
                                                   name=item.name, arguments=item.arguments)
                 return McpCallItem(id=f"mcp_{suffix}", server_label=item.namespace, name=item.name,
                                    arguments=item.arguments, status=item.status)
-            if is_builtin_reasoning(item):
-                return as_reasoning(item)
+            if item.namespace in ("python", "container"):
+                return ReasoningItem(id=item.id, text=item.arguments, status=item.status)
         return item
 
-    def event(self, kind: str, **fields: Any) -> Event:
-        ev = {"type": kind, "sequence_number": self.seq, **fields}
-        self.seq += 1
-        return ev
+    def json(self, item: ConversationItem, *, streaming_start: bool = False) -> Any:
+        return output_item(item, streaming_start=streaming_start, seal=self.seal, summary=self.summary)
 
-    def next_turn(self) -> None:
-        self.offset += self._turn_max + 1
-        self._turn_max = -1
+
+@dataclass
+class Open:
+    item: ConversationItem
+    texts: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Output:
+    """Everything the run has produced, by output index."""
+
+    done: dict[int, ConversationItem] = field(default_factory=dict)
+    open: dict[int, Open] = field(default_factory=dict)
+    offset: int = 0  # output_index of the current model turn's first item
+    turn_max: int = -1  # highest local index seen in the current turn
+    seq: int = 0
+
+    @property
+    def items(self) -> list[ConversationItem]:
+        return [self.done[i] for i in sorted(self.done)]
+
+    def indexed(self) -> list[tuple[int, ConversationItem]]:
+        return sorted(self.done.items())
+
+    def turn_items(self) -> list[ConversationItem]:
+        return [self.done[i] for i in sorted(self.done) if i >= self.offset]
 
     @property
     def next_index(self) -> int:
-        return self.offset + self._turn_max + 1
+        return self.offset + self.turn_max + 1
 
+    def next_turn(self) -> None:
+        self.offset = self.next_index
+        self.turn_max = -1
+
+
+class EventWriter:
+    def __init__(self, output: Output, view: ItemView) -> None:
+        self.out = output
+        self.view = view
+        # what the tool loop must still do with this turn's calls, by output index
+        self.called_mcp: list[tuple[int, McpCallItem]] = []
+        self.called_builtin: list[tuple[int, FunctionCallItem]] = []
+        self.searching: dict[int, FunctionCallItem] = {}  # web_search_call items not yet run
+
+    def seq(self) -> int:
+        n = self.out.seq
+        self.out.seq += 1
+        return n
+
+    # parser events ----------------------------------------------------------------------
     def handle(self, event: ParseEvent) -> list[Event]:
         if isinstance(event, ItemAdded):
-            return self._added(event.output_index, self._shown(event.item))
+            return self._added(event.output_index, self.view.show(event.item))
         if isinstance(event, ItemDelta):
             return self._delta(event.output_index, event.delta)
         if isinstance(event, ItemDone):
             raw = event.item
-            if isinstance(raw, FunctionCallItem) and raw.namespace in ("browser", "python", "container"):
-                self.builtin_calls.append((self.offset + event.output_index, raw))
-            return self._done(event.output_index, self._shown(raw))
+            if isinstance(raw, FunctionCallItem) and raw.namespace in BUILTIN_NAMESPACES:
+                self.called_builtin.append((self.out.offset + event.output_index, raw))
+            return self._done(event.output_index, self.view.show(raw))
         return []
 
     def _added(self, local: int, item: ConversationItem) -> list[Event]:
-        self._turn_max = max(self._turn_max, local)
-        index = self.offset + local
-        self._open[index] = item
-        self._texts[index] = []
-        out = [self.event("response.output_item.added", output_index=index,
-                          item=output_json(item, streaming_start=True))]
+        out_state = self.out
+        out_state.turn_max = max(out_state.turn_max, local)
+        index = out_state.offset + local
+        out_state.open[index] = Open(item)
+        item_id = getattr(item, "id", None) or ""
+        out: list[Event] = [ResponseOutputItemAddedEvent(
+            type="response.output_item.added", sequence_number=self.seq(), output_index=index,
+            item=self.view.json(item, streaming_start=True))]
         if isinstance(item, McpCallItem):
-            out.append(self.event("response.mcp_call.in_progress", item_id=item.id, output_index=index))
+            out.append(ResponseMcpCallInProgressEvent(type="response.mcp_call.in_progress", sequence_number=self.seq(),
+                                                      item_id=item_id, output_index=index))
         elif isinstance(item, FunctionCallItem) and item.namespace == "browser":
-            out.append(self.event("response.web_search_call.in_progress", item_id=item.id, output_index=index))
+            out.append(ResponseWebSearchCallInProgressEvent(
+                type="response.web_search_call.in_progress", sequence_number=self.seq(), item_id=item_id,
+                output_index=index))
         elif isinstance(item, McpListToolsItem):
-            out.append(self.event("response.mcp_list_tools.in_progress", item_id=item.id, output_index=index))
+            out.append(ResponseMcpListToolsInProgressEvent(
+                type="response.mcp_list_tools.in_progress", sequence_number=self.seq(), item_id=item_id,
+                output_index=index))
         elif isinstance(item, ReasoningItem):
-            out.append(self.event("response.content_part.added", item_id=item.id, output_index=index,
-                                  content_index=0, part={"type": "reasoning_text", "text": ""}))
+            out.append(ResponseContentPartAddedEvent(
+                type="response.content_part.added", sequence_number=self.seq(), item_id=item_id, output_index=index,
+                content_index=0, part=AddedReasoningText(type="reasoning_text", text="")))
+            if self.view.summary:
+                out.append(ResponseReasoningSummaryPartAddedEvent(
+                    type="response.reasoning_summary_part.added", sequence_number=self.seq(), item_id=item_id,
+                    output_index=index, summary_index=0, part=AddedSummary(type="summary_text", text="")))
         elif isinstance(item, MessageItem):
-            out.append(self.event("response.content_part.added", item_id=item.id, output_index=index,
-                                  content_index=0, part={"type": "output_text", "text": "", "annotations": [],
-                                                         "logprobs": []}))
+            out.append(ResponseContentPartAddedEvent(
+                type="response.content_part.added", sequence_number=self.seq(), item_id=item_id, output_index=index,
+                content_index=0, part=ResponseOutputText(type="output_text", text="", annotations=[], logprobs=[])))
         return out
 
     def _delta(self, local: int, delta: str) -> list[Event]:
-        index = self.offset + local
-        item = self._open.get(index)
-        if item is None or not delta:
+        index = self.out.offset + local
+        open_ = self.out.open.get(index)
+        if open_ is None or not delta:
             return []
-        self._texts[index].append(delta)
+        open_.texts.append(delta)
+        item = open_.item
+        item_id = getattr(item, "id", None) or ""
         if isinstance(item, ReasoningItem):
-            return [self.event("response.reasoning_text.delta", item_id=item.id, output_index=index,
-                               content_index=0, delta=delta)]
+            out: list[Event] = [ResponseReasoningTextDeltaEvent(
+                type="response.reasoning_text.delta", sequence_number=self.seq(), item_id=item_id,
+                output_index=index, content_index=0, delta=delta)]
+            if self.view.summary:
+                out.append(ResponseReasoningSummaryTextDeltaEvent(
+                    type="response.reasoning_summary_text.delta", sequence_number=self.seq(), item_id=item_id,
+                    output_index=index, summary_index=0, delta=delta))
+            return out
         if isinstance(item, MessageItem):
-            return [self.event("response.output_text.delta", item_id=item.id, output_index=index,
-                               content_index=0, delta=delta, logprobs=[])]
+            return [ResponseTextDeltaEvent(type="response.output_text.delta", sequence_number=self.seq(),
+                                           item_id=item_id, output_index=index, content_index=0, delta=delta,
+                                           logprobs=[])]
         if isinstance(item, FunctionCallItem) and item.namespace != "browser":
-            return [self.event("response.function_call_arguments.delta", item_id=item.id,
-                               output_index=index, delta=delta)]
+            return [ResponseFunctionCallArgumentsDeltaEvent(
+                type="response.function_call_arguments.delta", sequence_number=self.seq(), item_id=item_id,
+                output_index=index, delta=delta)]
         if isinstance(item, McpCallItem):
-            return [self.event("response.mcp_call_arguments.delta", item_id=item.id, output_index=index,
-                               delta=delta)]
+            return [ResponseMcpCallArgumentsDeltaEvent(type="response.mcp_call_arguments.delta",
+                                                       sequence_number=self.seq(), item_id=item_id,
+                                                       output_index=index, delta=delta)]
         return []
 
     def _done(self, local: int, item: ConversationItem) -> list[Event]:
-        index = self.offset + local
+        index = self.out.offset + local
         out: list[Event] = []
-        if index not in self._open:
+        if index not in self.out.open:
             out += self._added(local, item)
-        self._open.pop(index, None)
-        self._texts.pop(index, None)
-        part: dict[str, Any]
+        self.out.open.pop(index, None)
+        item_id = getattr(item, "id", None) or ""
         if isinstance(item, ReasoningItem):
-            part = {"type": "reasoning_text", "text": item.text}
-            out.append(self.event("response.reasoning_text.done", item_id=item.id, output_index=index,
-                                  content_index=0, text=item.text))
-            out.append(self.event("response.content_part.done", item_id=item.id, output_index=index,
-                                  content_index=0, part=part))
+            out.append(ResponseReasoningTextDoneEvent(type="response.reasoning_text.done", sequence_number=self.seq(),
+                                                      item_id=item_id, output_index=index, content_index=0,
+                                                      text=item.text))
+            out.append(ResponseContentPartDoneEvent(
+                type="response.content_part.done", sequence_number=self.seq(), item_id=item_id, output_index=index,
+                content_index=0, part=DoneReasoningText(type="reasoning_text", text=item.text)))
+            if self.view.summary:
+                out.append(ResponseReasoningSummaryTextDoneEvent(
+                    type="response.reasoning_summary_text.done", sequence_number=self.seq(), item_id=item_id,
+                    output_index=index, summary_index=0, text=item.text))
+                out.append(ResponseReasoningSummaryPartDoneEvent(
+                    type="response.reasoning_summary_part.done", sequence_number=self.seq(), item_id=item_id,
+                    output_index=index, summary_index=0, part=DoneSummary(type="summary_text", text=item.text)))
         elif isinstance(item, MessageItem):
-            part = {"type": "output_text", "text": item.content, "annotations": [], "logprobs": []}
-            out.append(self.event("response.output_text.done", item_id=item.id, output_index=index,
-                                  content_index=0, text=item.content, logprobs=[]))
-            out.append(self.event("response.content_part.done", item_id=item.id, output_index=index,
-                                  content_index=0, part=part))
+            out.append(ResponseTextDoneEvent(type="response.output_text.done", sequence_number=self.seq(),
+                                             item_id=item_id, output_index=index, content_index=0, text=item.content,
+                                             logprobs=[]))
+            out.append(ResponseContentPartDoneEvent(
+                type="response.content_part.done", sequence_number=self.seq(), item_id=item_id, output_index=index,
+                content_index=0, part=ResponseOutputText(type="output_text", text=item.content, annotations=[],
+                                                         logprobs=[])))
         elif isinstance(item, FunctionCallItem) and item.namespace != "browser":
-            out.append(self.event("response.function_call_arguments.done", item_id=item.id,
-                                  output_index=index, arguments=item.arguments, name=output_json(item)["name"]))
-        elif isinstance(item, FunctionCallItem) and item.namespace == "browser" and item.status != "incomplete":
+            out.append(ResponseFunctionCallArgumentsDoneEvent.model_validate({
+                "type": "response.function_call_arguments.done", "sequence_number": self.seq(),
+                "item_id": item_id, "output_index": index, "arguments": item.arguments,
+                "name": item.name}))  # ``name`` as OpenAI sends it (not in openai-python's type)
+        elif isinstance(item, FunctionCallItem) and item.status != "incomplete":  # browser
             # the search runs next (when a browser is configured); it is done after that
-            out.append(self.event("response.web_search_call.searching", item_id=item.id, output_index=index))
-            self.pending_search[index] = item
+            out.append(ResponseWebSearchCallSearchingEvent(type="response.web_search_call.searching",
+                                                           sequence_number=self.seq(), item_id=item_id,
+                                                           output_index=index))
+            self.searching[index] = item
             return out
         elif isinstance(item, McpCallItem) and item.output is None and item.error is None:
             # the model has called it; it runs next, and its output_item.done comes after that
-            out.append(self.event("response.mcp_call_arguments.done", item_id=item.id, output_index=index,
-                                  arguments=item.arguments))
-            self.pending_mcp.append((index, item))
+            out.append(ResponseMcpCallArgumentsDoneEvent(type="response.mcp_call_arguments.done",
+                                                         sequence_number=self.seq(), item_id=item_id,
+                                                         output_index=index, arguments=item.arguments))
+            self.called_mcp.append((index, item))
             return out
         elif isinstance(item, McpCallItem):
-            kind = "response.mcp_call.failed" if item.error else "response.mcp_call.completed"
-            out.append(self.event(kind, item_id=item.id, output_index=index))
+            out.append(self._mcp_outcome(index, item))
         elif isinstance(item, McpListToolsItem):
-            kind = "response.mcp_list_tools.failed" if item.error else "response.mcp_list_tools.completed"
-            out.append(self.event(kind, item_id=item.id, output_index=index))
-        out.append(self.event("response.output_item.done", output_index=index, item=output_json(item)))
-        self._finished[index] = item
+            out.append(ResponseMcpListToolsFailedEvent(type="response.mcp_list_tools.failed",
+                                                       sequence_number=self.seq(), item_id=item_id, output_index=index)
+                       if item.error else
+                       ResponseMcpListToolsCompletedEvent(type="response.mcp_list_tools.completed",
+                                                          sequence_number=self.seq(), item_id=item_id,
+                                                          output_index=index))
+        out.append(self._item_done(index, item))
         return out
+
+    def _item_done(self, index: int, item: ConversationItem, *, failed: bool = False) -> Event:
+        self.out.done[index] = item
+        shown = self.view.json(item)
+        if failed and hasattr(shown, "status"):
+            shown = shown.model_copy(update={"status": "failed"})
+        return ResponseOutputItemDoneEvent(type="response.output_item.done", sequence_number=self.seq(),
+                                           output_index=index, item=shown)
+
+    def _mcp_outcome(self, index: int, item: McpCallItem) -> Event:
+        if item.error:
+            return ResponseMcpCallFailedEvent(type="response.mcp_call.failed", sequence_number=self.seq(),
+                                              item_id=item.id, output_index=index)
+        return ResponseMcpCallCompletedEvent(type="response.mcp_call.completed", sequence_number=self.seq(),
+                                             item_id=item.id, output_index=index)
+
+    # items Chorus completes or makes itself ----------------------------------------------
+    def complete_mcp(self, index: int, item: McpCallItem) -> list[Event]:
+        """A called MCP tool has run: its completion, then the item with its output."""
+        return [self._mcp_outcome(index, item), self._item_done(index, item)]
 
     def complete_search(self, index: int, ok: bool) -> list[Event]:
         """A web search call has run (or never will): completed, then its output_item.done."""
-        item = self.pending_search.pop(index, None)
+        item = self.searching.pop(index, None)
         if item is None:
             return []
-        done = output_json(item)
-        out = []
+        out: list[Event] = []
         if ok:
-            out.append(self.event("response.web_search_call.completed", item_id=item.id, output_index=index))
-        else:
-            done["status"] = "failed"
-        out.append(self.event("response.output_item.done", output_index=index, item=done))
-        self._finished[index] = item
+            out.append(ResponseWebSearchCallCompletedEvent(type="response.web_search_call.completed",
+                                                           sequence_number=self.seq(), item_id=item.id or "",
+                                                           output_index=index))
+        out.append(self._item_done(index, item, failed=not ok))
         return out
 
-    def indexed_output(self) -> list[tuple[int, ConversationItem]]:
-        return sorted(self._finished.items())
-
-    def complete_mcp(self, index: int, item: McpCallItem) -> list[Event]:
-        """A called MCP tool has run: its completion, then the item with its output."""
-        kind = "response.mcp_call.failed" if item.error else "response.mcp_call.completed"
-        out = [self.event(kind, item_id=item.id, output_index=index),
-               self.event("response.output_item.done", output_index=index, item=output_json(item))]
-        self._finished[index] = item
-        return out
+    def add_item(self, item: ConversationItem) -> list[Event]:
+        """An item produced by Chorus itself (an MCP call, a tool listing): added + done."""
+        local = self.out.next_index - self.out.offset
+        return self._added(local, item) + self._done(local, item)
 
     def close_open(self) -> list[Event]:
         """Items still open when a turn ends abruptly are closed as incomplete."""
         out: list[Event] = []
-        for index, item in sorted(self._open.items()):
-            text = "".join(self._texts.get(index, []))
+        for index, open_ in sorted(self.out.open.items()):
+            text = "".join(open_.texts)
+            item = open_.item
+            done: ConversationItem
             if isinstance(item, ReasoningItem):
-                done: ConversationItem = item.model_copy(update={"text": text, "status": "incomplete"})
+                done = item.model_copy(update={"text": text, "status": "incomplete"})
             elif isinstance(item, MessageItem):
                 done = item.model_copy(update={"content": text, "status": "incomplete"})
             elif isinstance(item, FunctionCallItem):
@@ -217,10 +340,10 @@ class EventWriter:
                 done = item.model_copy(update={"arguments": text})
             else:
                 continue
-            out += self._done(index - self.offset, done)
+            out += self._done(index - self.out.offset, done)
         return out
 
-    def add_item(self, item: ConversationItem) -> list[Event]:
-        """An item produced by Chorus itself (an MCP call, a tool listing): added + done."""
-        local = self.next_index - self.offset
-        return self._added(local, item) + self._done(local, item)
+    def renumber(self, events: list[Event]) -> list[Event]:
+        """Events built out of order get consecutive sequence numbers, in list order."""
+        start = min(e.sequence_number for e in events)
+        return [e.model_copy(update={"sequence_number": start + i}) for i, e in enumerate(events)]

@@ -26,17 +26,22 @@ from contracts.messages.tools import (
     ToolResult,
     ToolsListed,
 )
-from services.common import bus
+from services.common.bus import BusFailure
 from services.gateway.context import GatewayContext
-from services.gateway.responses.convert import new_id
-from services.gateway.responses.models import McpAllowedToolsFilter, McpApprovalFilter, McpToolParam
+from services.gateway.responses.items import new_id
+from services.gateway.responses.request import (
+    McpAllowedToolsFilter,
+    McpApprovalFilter,
+    McpToolParam,
+)
 
 _LIST: TypeAdapter[ListToolsReply] = TypeAdapter(ListToolsReply)
 _CALL: TypeAdapter[CallToolReply] = TypeAdapter(CallToolReply)
 TOOL_TIMEOUT_S = 30.0
 
 
-def _in(filter_: McpAllowedToolsFilter | None, tool: McpToolInfo) -> bool:
+def matches(filter_: McpAllowedToolsFilter | None, tool: McpToolInfo) -> bool:
+    """Does ``tool`` pass an MCP tool filter (by name, or by its read-only hint)?"""
     if filter_ is None:
         return False
     if filter_.tool_names is not None and tool.name in filter_.tool_names:
@@ -61,7 +66,7 @@ class McpServerTools:
             return True
         if isinstance(allowed, list):
             return tool.name in allowed
-        return _in(allowed, tool) or (allowed.tool_names is None and allowed.read_only is None)
+        return matches(allowed, tool) or (allowed.tool_names is None and allowed.read_only is None)
 
     def needs_approval(self, name: str) -> bool:
         policy = self.param.require_approval
@@ -71,7 +76,7 @@ class McpServerTools:
             return False
         assert isinstance(policy, McpApprovalFilter)
         tool = next((t for t in self.tools if t.name == name), McpToolInfo(name=name))
-        return not _in(policy.never, tool)
+        return not matches(policy.never, tool)
 
 
 def _server(param: McpToolParam) -> McpServer:
@@ -94,13 +99,13 @@ class McpTooling:
         return list(self.servers)
 
     async def list_all(self) -> list[McpListToolsItem]:
-        """List every server's tools (concurrently). A disallowed server_url is the caller's
-        mistake and raises (400); an unreachable server is an item with ``error``."""
+        """List every server's tools (concurrently). A server_url wrong on its face raises (400);
+        a refused or unreachable server is an item with ``error`` (the same for both)."""
         async def one(s: McpServerTools) -> McpListToolsItem:
-            listed = await bus.request(
-                self.ctx.pipeline.nc, self.ctx.pipeline.subjects.tools_list,
+            listed = await self.ctx.bus.request(
+                self.ctx.bus.subjects.tools_list,
                 ListToolsRequest(request_id=self.request_id, server=s.server), _LIST,
-                request_id=self.request_id, timeout=TOOL_TIMEOUT_S, service="tools",
+                timeout=TOOL_TIMEOUT_S, service="tools",
             )
             assert isinstance(listed, ToolsListed)
             s.tools = [t for t in listed.tools if s.allowed(t)]
@@ -139,13 +144,13 @@ async def call_tool(ctx: GatewayContext, request_id: str, server: McpServer, nam
     """One tool call through the tools service; a bus failure is a result with ``error``."""
     timeout = ctx.settings.mcp_call_timeout_s
     try:
-        result = await bus.request(
-            ctx.pipeline.nc, ctx.pipeline.subjects.tools_call,
+        result = await ctx.bus.request(
+            ctx.bus.subjects.tools_call,
             CallToolRequest(request_id=request_id, server=server, name=name, arguments=arguments,
                             timeout_s=timeout),
-            _CALL, request_id=request_id, timeout=timeout + 5, service="tools",
+            _CALL, timeout=timeout + 5, service="tools",
         )
-    except bus.BusFailure as exc:
+    except BusFailure as exc:
         return ToolResult(error=exc.error.message)
     assert isinstance(result, ToolResult)
     return result

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.common.harmony import harmony_encoding
-from services.common.textstream import HarmonyTextTokenizer
+from services.dispatcher.textstream import TextToHarmonyTokens
 
 ENC = harmony_encoding()
 TEXTS = [
@@ -17,7 +17,7 @@ TEXTS = [
 
 
 def convert(text: str, cuts: list[int]) -> list[int]:
-    tk = HarmonyTextTokenizer(ENC)
+    tk = TextToHarmonyTokens(ENC)
     ids: list[int] = []
     last = 0
     for cut in sorted(set(c % (len(text) + 1) for c in cuts)):
@@ -42,7 +42,7 @@ def test_shapes() -> None:
         "<|channel|>analysis<|message|>Let me think about <b>tags</b>.<|end|>"
         "<|start|>assistant<|channel|>final<|message|>The answer is 4.<|return|>")
     assert ENC.decode(convert(TEXTS[2], [])) == f"<|channel|>final<|message|>{TEXTS[2]}<|return|>"
-    tk = HarmonyTextTokenizer(ENC)
+    tk = TextToHarmonyTokens(ENC)
     ids = tk.reasoning("Why.") + tk.content("Because.") + tk.finish("stop")
     assert ENC.decode(ids) == ("<|channel|>analysis<|message|>Why.<|end|>"
                                "<|start|>assistant<|channel|>final<|message|>Because.<|return|>")

@@ -1,0 +1,196 @@
+"""Liveness over the bus: every instance beats, peers keep a registry.
+
+``Beater`` publishes this instance's ``Heartbeat`` every ``interval`` seconds (and touches a
+liveness file, which a container healthcheck reads at no cost). ``Peers`` records the beats it
+hears and declares an instance dead when ``dead_after`` seconds pass without one, calling the
+``on_death`` callbacks: deaths are noticed in about a second, not by a request timeout.
+
+While this process's own NATS connection is down every peer would look dead; ``Peers`` pauses
+its verdicts then, and gives everyone a fresh grace period once the connection is back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import TypeAdapter
+
+from contracts.messages.control import Heartbeat
+from services.common.bus import Bus
+
+log = logging.getLogger("chorus.heartbeat")
+
+HEARTBEAT: TypeAdapter[Heartbeat] = TypeAdapter(Heartbeat)
+
+
+@dataclass
+class Peer:
+    beat: Heartbeat
+    seen: float  # monotonic time of the last beat
+    load: int = 0  # the last reported load plus work given to it since (by this process)
+    confirmed: bool = True  # heard since our own connection last came back
+
+    @property
+    def usable(self) -> bool:
+        return self.confirmed and self.beat.ready and not self.beat.draining and not self.beat.stopping
+
+
+DeathCallback = Callable[[str, str], Awaitable[None]]  # (service, instance)
+
+
+class Peers:
+    def __init__(self, *, dead_after: float = 1.0) -> None:
+        self.dead_after = dead_after
+        self._peers: dict[str, dict[str, Peer]] = {}
+        self._on_death: list[DeathCallback] = []
+        self._paused = False
+        self._heard = asyncio.Event()  # set on every beat (for ``wait_for``)
+
+    def on_death(self, callback: DeathCallback) -> None:
+        self._on_death.append(callback)
+
+    async def observe(self, beat: Heartbeat) -> None:
+        self._heard.set()
+        peers = self._peers.setdefault(beat.service, {})
+        if beat.stopping:
+            if peers.pop(beat.instance, None) is not None:
+                log.info("%s %s stopped", beat.service, beat.instance)
+                await self._died(beat.service, beat.instance)
+            return
+        peer = peers.get(beat.instance)
+        if peer is None:
+            log.info("%s %s is up", beat.service, beat.instance)
+            peers[beat.instance] = Peer(beat, time.monotonic(), beat.load)
+        else:
+            peer.beat, peer.seen, peer.load, peer.confirmed = beat, time.monotonic(), beat.load, True
+
+    async def wait_for(self, services: tuple[str, ...], timeout: float) -> None:
+        """Until every one of ``services`` has been heard from (at most ``timeout`` seconds):
+        a process starting next to a running stack knows its peers before taking requests."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while not all(self._peers.get(s) for s in services):
+                    self._heard.clear()
+                    await self._heard.wait()
+
+    async def wait_usable(self, service: str, timeout: float) -> bool:
+        """Until an instance of ``service`` that takes work is heard from (at most ``timeout``
+        seconds): a supervisor restarting the only instance takes about a second."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while not any(p.usable for p in self.alive(service)):
+                    self._heard.clear()
+                    await self._heard.wait()
+        return any(p.usable for p in self.alive(service))
+
+    def alive(self, service: str) -> list[Peer]:
+        return list(self._peers.get(service, {}).values())
+
+    def is_alive(self, service: str, instance: str) -> bool:
+        return instance in self._peers.get(service, {})
+
+    def pick(self, service: str) -> Peer | None:
+        """The usable instance with the least load (work given since its last beat counts)."""
+        usable = [p for p in self.alive(service) if p.usable]
+        if not usable:
+            return None
+        best = min(usable, key=lambda p: p.load)
+        best.load += 1
+        return best
+
+    def pause(self) -> None:
+        """Our own connection is down: no verdicts until ``resume``."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Our connection is back: everyone gets a fresh grace period, and nobody is given
+        work until heard again (a peer's beat after its own reconnect means its
+        subscriptions are back too)."""
+        now = time.monotonic()
+        for peers in self._peers.values():
+            for peer in peers.values():
+                peer.seen, peer.confirmed = now, False
+        self._paused = False
+
+    async def sweep(self) -> None:
+        if self._paused:
+            return
+        now = time.monotonic()
+        for service, peers in self._peers.items():
+            for instance, peer in list(peers.items()):
+                limit = max(self.dead_after, 3 * peer.beat.interval_s)
+                if now - peer.seen > limit:
+                    del peers[instance]
+                    log.warning("%s %s missed its heartbeats for %.1fs: counted dead",
+                                service, instance, now - peer.seen)
+                    await self._died(service, instance)
+
+    async def _died(self, service: str, instance: str) -> None:
+        for callback in self._on_death:
+            try:
+                await callback(service, instance)
+            except Exception:  # noqa: BLE001 - one callback failing must not stop the others
+                log.exception("death callback for %s %s failed", service, instance)
+
+    async def listen(self, bus: Bus, services: list[str]) -> None:
+        for service in services:
+            await bus.subscribe(bus.subjects.heartbeat(service), HEARTBEAT, self.observe)
+
+    async def run(self, interval: float) -> None:
+        """Sweep for deaths every ``interval`` seconds, forever."""
+        while True:
+            await asyncio.sleep(interval)
+            await self.sweep()
+
+
+class Beater:
+    """This instance's heartbeat."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        service: str,
+        instance: str,
+        *,
+        interval: float,
+        load: Callable[[], int] = lambda: 0,
+        ready: Callable[[], tuple[bool, str]] = lambda: (True, ""),
+        liveness_file: str | None = None,
+    ) -> None:
+        self.bus, self.service, self.instance = bus, service, instance
+        self.interval = interval
+        self.load, self.ready = load, ready
+        self.draining = False
+        self.liveness = Path(liveness_file) if liveness_file else None
+
+    def beat(self, *, stopping: bool = False) -> Heartbeat:
+        ok, detail = self.ready()
+        return Heartbeat(service=self.service, instance=self.instance, interval_s=self.interval,
+                         ready=ok, detail=detail, load=self.load(), draining=self.draining,
+                         stopping=stopping)
+
+    async def send(self, *, stopping: bool = False) -> None:
+        beat = self.beat(stopping=stopping)
+        with contextlib.suppress(Exception):
+            await self.bus.publish(self.bus.subjects.heartbeat(self.service), beat)
+        # alive = connected and not stopping, ready or not (a dispatcher whose engines are
+        # down is alive: restarting it would not bring them back)
+        if self.liveness is not None and self.bus.nc.is_connected and not stopping:
+            with contextlib.suppress(OSError):
+                self.liveness.touch()
+
+    async def run(self) -> None:
+        while True:
+            await self.send()
+            await asyncio.sleep(self.interval)
+
+    def clear_liveness(self) -> None:
+        if self.liveness is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.liveness)

@@ -1,0 +1,172 @@
+"""The encoder's work, independent of the bus wiring: a ``GenerateJob`` in, its prompt rendered,
+a ``GenerateRequest`` forward to the dispatchers (or a ``GenerationFailed`` to the gateway).
+
+Jobs run concurrently. Small prompts render inline (about a millisecond); large ones render in
+a pool of processes, so one slow render never holds up the others, and the caller's deadline
+bounds how long anyone waits for it. A job whose caller has given up (deadline passed, or a
+``Cancel`` heard) is never started."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import datetime as dt
+import functools
+import logging
+import time
+from collections import OrderedDict
+
+from contracts.errors import BusError, ErrorCode
+from contracts.messages.control import Cancel
+from contracts.messages.encode import EncodeRequest
+from contracts.messages.generate import EventFrame, GenerateJob, GenerateRequest, GenerationFailed
+from services.common.bus import Bus, BusFailure
+from services.common.harmony import harmony_encoding
+from services.common.tokens import conversation_chars
+from services.encoder.render import EncodedPrompt, Renderer, RenderError
+from services.encoder.settings import Settings
+
+log = logging.getLogger("chorus.encoder")
+
+RECENT_CANCELS = 4096
+
+
+@functools.cache
+def _renderer(cutoff: str) -> Renderer:
+    return Renderer(harmony_encoding(), cutoff)
+
+
+def _render(req: EncodeRequest, today: dt.date, cutoff: str) -> EncodedPrompt:
+    """Runs in a pool process (module level: picklable)."""
+    return _renderer(cutoff).render(req, today)
+
+
+def _warm(cutoff: str) -> None:
+    _renderer(cutoff)
+
+
+def prompt_chars(req: EncodeRequest) -> int:
+    """About how many characters the conversation holds (deciding inline vs pool)."""
+    return len(req.instructions or "") + conversation_chars(req.items)
+
+
+def context_error(prompt_tokens: int, max_tokens: int | None, context_length: int) -> BusError | None:
+    """A prompt the model cannot take: the caller's mistake, found before any engine is called
+    (the wording follows vLLM's)."""
+    if prompt_tokens >= context_length:
+        return BusError(code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="messages", message=(
+            f"This model's maximum context length is {context_length} tokens. However, your "
+            f"prompt has {prompt_tokens} tokens. Please reduce the length of the input."))
+    if max_tokens is not None and prompt_tokens + max_tokens > context_length:
+        return BusError(code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="max_tokens", message=(
+            f"This model's maximum context length is {context_length} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+            f"{max_tokens} for the output). Please reduce the length of the input or of the output."))
+    return None
+
+
+class Encoder:
+    def __init__(self, settings: Settings, bus: Bus) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.in_flight = 0
+        self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def start_pool(self) -> None:
+        if self.settings.render_processes > 0:
+            self._pool = concurrent.futures.ProcessPoolExecutor(self.settings.render_processes)
+            for _ in range(self.settings.render_processes):
+                self._pool.submit(_warm, self.settings.knowledge_cutoff)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # handlers ---------------------------------------------------------------------------
+    async def on_job(self, job: GenerateJob) -> None:
+        """Start the job and return at once (the subscription delivers the next job)."""
+        task = asyncio.get_running_loop().create_task(self._run(job))
+        self._tasks.add(task)
+        self.in_flight += 1
+        self._idle.clear()
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self.in_flight -= 1
+        if not self._tasks:
+            self._idle.set()
+
+    async def on_cancel(self, msg: Cancel) -> None:
+        self._cancelled[msg.generation_id] = None
+        while len(self._cancelled) > RECENT_CANCELS:
+            self._cancelled.popitem(last=False)
+
+    async def drain(self) -> None:
+        await self._idle.wait()
+
+    # the work ---------------------------------------------------------------------------
+    def _given_up(self, job: GenerateJob) -> bool:
+        return job.generation_id in self._cancelled or time.time() > job.deadline
+
+    async def _run(self, job: GenerateJob) -> None:
+        if self._given_up(job):
+            log.info("generation %s: given up before rendering; dropped", job.generation_id)
+            return
+        try:
+            prompt = await self._render(job)
+        except RenderError as exc:
+            await self._fail(job, exc.error)
+            return
+        except TimeoutError:
+            await self._fail(job, BusError(code=ErrorCode.TIMEOUT,
+                                           message="rendering the prompt took longer than the request allows"))
+            return
+        except Exception as exc:  # noqa: BLE001 - never leave the gateway without an answer
+            log.exception("generation %s: rendering failed", job.generation_id)
+            await self._fail(job, BusError(code=ErrorCode.INTERNAL, message="rendering the prompt failed",
+                                           retryable=isinstance(exc, concurrent.futures.BrokenExecutor)))
+            return
+        if self._given_up(job):
+            return
+        too_long = context_error(len(prompt.token_ids), job.sampling.max_tokens, self.settings.context_length)
+        if too_long is not None:
+            await self._fail(job, too_long)
+            return
+        request = GenerateRequest(
+            generation_id=job.generation_id,
+            model=job.encode.model,
+            prompt_token_ids=prompt.token_ids,
+            stop_token_ids=prompt.stop_token_ids,
+            resume_tokens=job.resume_tokens,
+            sampling=job.sampling,
+            selection_text=prompt.selection_text,
+            parse=job.parse,
+            route=job.route,
+            deadline=job.deadline,
+            render_ms=prompt.render_ms,
+            trace=job.trace,
+        )
+        try:
+            await self.bus.publish(self.bus.subjects.generate, request)
+        except BusFailure as exc:
+            await self._fail(job, exc.error)
+
+    async def _render(self, job: GenerateJob) -> EncodedPrompt:
+        today = dt.date.today()
+        cutoff = self.settings.knowledge_cutoff
+        if self._pool is None or prompt_chars(job.encode) < self.settings.inline_render_chars:
+            return _renderer(cutoff).render(job.encode, today)
+        loop = asyncio.get_running_loop()
+        remaining = max(0.0, job.deadline - time.time())
+        async with asyncio.timeout(remaining):
+            return await loop.run_in_executor(self._pool, _render, job.encode, today, cutoff)
+
+    async def _fail(self, job: GenerateJob, error: BusError) -> None:
+        failed = GenerationFailed(generation_id=job.generation_id, stage="encoder", error=error)
+        await self.bus.publish(self.bus.subjects.gateway_events(job.route.gateway),
+                               EventFrame(events=[failed]))

@@ -1,0 +1,402 @@
+"""One model generation, seen from the gateway that owns it.
+
+    async with generations.open(spec) as generation:   # BusFailure: failed before starting
+        async for events in generation.batches():
+            ...
+
+The gateway sends one ``GenerateJob`` and reads the typed events that come back (from the
+encoder or dispatcher when it cannot start, then from the parser). It survives any single
+death on the path: when the parser or dispatcher serving it dies (heartbeats stop), when the
+engine breaks mid-stream (a retryable failure), or when the NATS connection was lost, it
+starts a new attempt with the output tokens parsed so far (``resume_tokens``): the engine
+continues the same output, a fresh parser session replays it, and ``Delivered`` drops what the
+caller already has, so the caller sees one stream. Leaving the context early (the client is
+gone) always cancels the current attempt: the engine request is aborted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from pydantic import TypeAdapter
+
+from contracts.errors import BusError, ErrorCode
+from contracts.messages.control import Cancel
+from contracts.messages.encode import EncodeRequest
+from contracts.messages.generate import (
+    EventFrame,
+    GenerateJob,
+    GenerationAccepted,
+    GenerationFailed,
+    ParsedBatch,
+    ParseSpec,
+    Route,
+    SamplingParams,
+)
+from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent
+from services.common.bus import Bus, BusFailure
+from services.common.heartbeat import Peers
+from services.common.telemetry import inject
+
+log = logging.getLogger("chorus.gateway.generation")
+
+EVENTS: TypeAdapter[EventFrame] = TypeAdapter(EventFrame)
+
+
+@dataclass(frozen=True)
+class GenerationSpec:
+    """What to generate: the conversation, the sampling, how to parse it (and the trace the
+    services continue)."""
+
+    encode: EncodeRequest
+    sampling: SamplingParams
+    parse: ParseSpec
+    trace: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A generation continuing one that another process had started: the tokens parsed so far
+    and the parse events already delivered for them."""
+
+    tokens: list[int]
+    events: list[ParseEvent]
+
+
+@dataclass
+class Interrupted:
+    """The attempt cannot finish (its parser or dispatcher died, the bus was cut)."""
+
+    generation_id: str
+    reason: str
+
+
+Incoming = GenerationAccepted | GenerationFailed | ParsedBatch | Interrupted
+
+
+class Delivered:
+    """What the caller has been given, so a resumed attempt's replay adds only what is new.
+
+    Events are a deterministic function of the output tokens, so an attempt that replays the
+    same tokens produces the same items and texts (batch boundaries may differ): per output
+    index, an item is announced once, finished once, and its text grows only past what was
+    delivered."""
+
+    def __init__(self) -> None:
+        self.added: set[int] = set()
+        self.done: set[int] = set()
+        self.chars: dict[int, int] = {}  # text delivered per item
+        self._replayed: dict[int, int] = {}  # text seen per item in the current attempt
+
+    def new_attempt(self) -> None:
+        self._replayed = {}
+
+    def filter(self, events: list[ParseEvent]) -> list[ParseEvent]:
+        out: list[ParseEvent] = []
+        for event in events:
+            if isinstance(event, ItemAdded):
+                if event.output_index not in self.added:
+                    self.added.add(event.output_index)
+                    out.append(event)
+            elif isinstance(event, ItemDelta):
+                i = event.output_index
+                start = self._replayed.get(i, 0)
+                end = self._replayed[i] = start + len(event.delta)
+                have = self.chars.get(i, 0)
+                if end > have:
+                    out.append(event if start >= have else ItemDelta(output_index=i, delta=event.delta[have - start:]))
+                    self.chars[i] = end
+            elif isinstance(event, ItemDone):
+                if event.output_index not in self.done:
+                    self.done.add(event.output_index)
+                    out.append(event)
+            else:
+                out.append(event)
+        return out
+
+
+@dataclass
+class Generation:
+    """A logical generation across its attempts."""
+
+    spec: GenerationSpec
+    owner: Generations
+    first_timeout: float
+    idle_timeout: float
+    attempt: int = 0
+    generation_id: str = ""
+    parser: str = ""
+    accepted: GenerationAccepted | None = None
+    tokens: list[int] = field(default_factory=list)  # output tokens parsed so far
+    finished: bool = False
+    resumes: int = 0
+    started: float = field(default_factory=time.monotonic)
+    accept_ms: float = 0.0  # from the first job to an engine taking it
+    waiting_since: float = 0.0  # when the consumer started waiting for the next item
+    wait_limit: float = 0.0  # how long it waits (0: not waiting)
+    _inbox: deque[Incoming] = field(default_factory=deque)
+    _arrived: asyncio.Event = field(default_factory=asyncio.Event)
+    delivered: Delivered = field(default_factory=Delivered)
+    salt: str = ""  # makes the ids of a generation taken over from another owner its own
+    _pending: list[ParsedBatch] = field(default_factory=list)  # arrived before accept
+
+    @property
+    def request_id(self) -> str:
+        return self.spec.parse.request_id
+
+    @property
+    def dispatcher(self) -> str:
+        return self.accepted.dispatcher if self.accepted is not None else ""
+
+    def deliver(self, item: Incoming) -> None:
+        self._inbox.append(item)
+        self._arrived.set()
+
+    # starting ---------------------------------------------------------------------------
+    async def begin(self) -> None:
+        """Send the first attempt and wait until an engine took it; a failure before then is
+        raised as ``BusFailure`` (the HTTP layer still answers with a status code)."""
+        await self.owner.submit(self)
+        while self.accepted is None:
+            item = await self._next(self.owner.accept_timeout)
+            if isinstance(item, GenerationAccepted):
+                self.accepted = item
+            elif isinstance(item, ParsedBatch):  # the parser was faster than the accept
+                self._pending.append(item)
+                self.accepted = GenerationAccepted(generation_id=self.generation_id, dispatcher="",
+                                                   worker="", engine="")
+            elif isinstance(item, GenerationFailed):
+                if not item.error.retryable or not await self._resume(item.error.message):
+                    raise BusFailure(item.error)
+            elif isinstance(item, Interrupted) and not await self._resume(item.reason):
+                raise BusFailure(BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message=item.reason))
+        self.accept_ms = (time.monotonic() - self.started) * 1000
+
+    async def _next(self, timeout: float) -> Incoming:
+        """The next item of the current attempt (those of abandoned attempts are skipped). The
+        owner's watchdog delivers ``Interrupted`` when nothing came for ``timeout`` seconds
+        (no timer per wait: this is on every token's path)."""
+        self.waiting_since, self.wait_limit = time.monotonic(), timeout
+        while True:
+            while not self._inbox:
+                self._arrived.clear()
+                await self._arrived.wait()
+            item = self._inbox.popleft()
+            if item.generation_id == self.generation_id:
+                self.wait_limit = 0.0
+                return item
+
+    def _more(self) -> ParsedBatch | None:
+        """A parsed batch of the current attempt that is already waiting, if the next item is one."""
+        while self._inbox:
+            item = self._inbox[0]
+            if item.generation_id == self.generation_id and not isinstance(item, ParsedBatch):
+                return None
+            self._inbox.popleft()
+            if item.generation_id == self.generation_id:
+                return item  # type: ignore[return-value]
+        return None
+
+    async def _resume(self, reason: str) -> bool:
+        """Start the next attempt from the tokens parsed so far; False when out of attempts."""
+        if self.resumes >= self.owner.max_resumes:
+            log.warning("request %s: not resuming again (%d resumes): %s", self.request_id,
+                        self.resumes, reason)
+            return False
+        self.resumes += 1
+        log.warning("request %s: resuming from %d output tokens (attempt %d): %s", self.request_id,
+                    len(self.tokens), self.attempt + 1, reason)
+        await self.owner.cancel(self.generation_id, "resumed")
+        self.attempt += 1
+        self.accepted = None
+        self.delivered.new_attempt()
+        self._pending.clear()
+        try:
+            await self.owner.submit(self)
+        except BusFailure as exc:
+            log.warning("request %s: resuming failed: %s", self.request_id, exc.error.message)
+            return False
+        return True
+
+    # streaming --------------------------------------------------------------------------
+    async def batches(self) -> AsyncIterator[list[ParseEvent]]:
+        """Parser events, one list per parser batch, until (and including) ``Finished`` or
+        ``Failed``; resumed attempts are invisible apart from a pause."""
+        for early in self._pending:
+            if taken := self._take(early):
+                yield taken
+        self._pending.clear()
+        timeout = self.first_timeout
+        while not self.finished:
+            item = await self._next(timeout)
+            failure: str | None = None
+            if isinstance(item, ParsedBatch):
+                timeout = self.idle_timeout
+                events: list[ParseEvent] = []
+                batch: ParsedBatch | None = item
+                while batch is not None:  # everything already waiting goes out together
+                    retryable = next((e for e in batch.events if isinstance(e, Failed) and e.error.retryable), None)
+                    if retryable is not None:
+                        batch = batch.model_copy(update={"events": [e for e in batch.events if e is not retryable]})
+                        failure = retryable.error.message
+                    events += self._take(batch)
+                    batch = None if failure or self.finished else self._more()
+                if events:
+                    yield events
+            elif isinstance(item, GenerationAccepted):
+                self.accepted = item
+            elif isinstance(item, GenerationFailed):
+                if not item.error.retryable:
+                    self.finished = True
+                    yield [Failed(error=item.error)]
+                    return
+                failure = item.error.message
+            else:
+                failure = item.reason
+            if failure is not None and not self.finished and not await self._resume(failure):
+                self.finished = True
+                yield [Failed(error=BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message=failure))]
+
+    def _take(self, batch: ParsedBatch) -> list[ParseEvent]:
+        """A batch of the current attempt: remember its tokens, pass on what is new. (A
+        resumed attempt replays the known tokens first: only what lies past them is new.)"""
+        known = len(self.tokens)
+        if batch.offset <= known < batch.offset + len(batch.token_ids):
+            self.tokens.extend(batch.token_ids[known - batch.offset:])
+        if any(isinstance(e, Finished | Failed) for e in batch.events):
+            self.finished = True
+        return self.delivered.filter(list(batch.events))
+
+    def job(self, gateway: str) -> GenerateJob:
+        # the engine sees the API request id (a later turn or attempt adds its numbers)
+        turn, attempt = self.spec.parse.turn, self.attempt
+        self.generation_id = (self.request_id if turn == attempt == 0 and not self.salt
+                              else f"{self.request_id}.{turn}.{attempt}{self.salt}")
+        return GenerateJob(
+            generation_id=self.generation_id,
+            encode=self.spec.encode,
+            sampling=self.spec.sampling,
+            parse=self.spec.parse,
+            route=Route(gateway=gateway, parser=self.parser),
+            deadline=time.time() + self.owner.accept_timeout,
+            resume_tokens=list(self.tokens),
+            trace=self.spec.trace if self.spec.trace is not None else inject({}),
+        )
+
+
+class Generations:
+    """The gateway's generations: sends jobs, routes events back, watches the services."""
+
+    def __init__(self, bus: Bus, peers: Peers, gateway_id: str, *, accept_timeout: float,
+                 first_timeout: float, idle_timeout: float, max_resumes: int = 3,
+                 replacement_wait: float = 5.0) -> None:
+        self.bus = bus
+        self.peers = peers
+        self.gateway_id = gateway_id
+        self.accept_timeout = accept_timeout
+        self.first_timeout = first_timeout
+        self.idle_timeout = idle_timeout
+        self.max_resumes = max_resumes
+        self.replacement_wait = replacement_wait
+        self.subject = bus.subjects.gateway_events(gateway_id)
+        self._active: dict[str, Generation] = {}  # generation id -> its generation
+        self._watchdog: asyncio.Task[None] | None = None
+        peers.on_death(self.on_death)
+
+    async def start(self) -> None:
+        await self.bus.subscribe(self.subject, EVENTS, self.on_frame)
+        self._watchdog = asyncio.get_running_loop().create_task(self.watch())
+
+    async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+
+    # routing ----------------------------------------------------------------------------
+    async def on_frame(self, frame: EventFrame) -> None:
+        for event in frame.events:
+            generation = self._active.get(event.generation_id)
+            if generation is not None:
+                generation.deliver(event)
+
+    async def on_death(self, service: str, instance: str) -> None:
+        for generation in list(self._active.values()):
+            if (service == "parser" and generation.parser == instance) or (
+                service == "dispatcher" and generation.dispatcher == instance
+            ) or (service in ("encoder", "dispatcher") and generation.accepted is None):
+                generation.deliver(Interrupted(generation.generation_id, f"the {service} serving it stopped"))
+
+    async def watch(self, interval: float = 0.25) -> None:
+        """Interrupt generations that waited too long for their next item, forever."""
+        while True:
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            for generation in list(self._active.values()):
+                limit = generation.wait_limit
+                if limit and now - generation.waiting_since > limit:
+                    generation.wait_limit = 0.0
+                    generation.deliver(Interrupted(generation.generation_id,
+                                                   f"no answer from the services for {limit:g}s"))
+
+    async def on_reconnect(self) -> None:
+        """Messages may have been lost while the bus was cut: every attempt starts again."""
+        for generation in list(self._active.values()):
+            generation.deliver(Interrupted(generation.generation_id, "the connection to NATS was lost"))
+
+    # jobs -------------------------------------------------------------------------------
+    async def submit(self, generation: Generation) -> None:
+        """Send ``generation``'s next attempt to the encoders, on a parser chosen from the
+        heartbeats (least loaded). A service kind with no live instance is a 503 for a new
+        request; a resumed one waits a little for a replacement to come up."""
+        wait = self.replacement_wait if generation.attempt else 0.0
+        for service in ("encoder", "dispatcher", "parser"):
+            if not await self.peers.wait_usable(service, wait):
+                raise BusFailure(BusError(code=ErrorCode.SERVICE_UNAVAILABLE,
+                                          message=f"no {service} service is running", retryable=True))
+        parser = self.peers.pick("parser")
+        if parser is None:
+            raise BusFailure(BusError(code=ErrorCode.SERVICE_UNAVAILABLE,
+                                      message="no parser service is running", retryable=True))
+        generation.parser = parser.beat.instance
+        self._active.pop(generation.generation_id, None)
+        job = generation.job(self.gateway_id)
+        self._active[generation.generation_id] = generation
+        await self.bus.publish(self.bus.subjects.jobs, job)
+
+    async def cancel(self, generation_id: str, reason: str = "client_disconnected") -> None:
+        self._active.pop(generation_id, None)
+        with contextlib.suppress(Exception):
+            await self.bus.publish(self.bus.subjects.cancel, Cancel(generation_id=generation_id, reason=reason))
+
+    @contextlib.asynccontextmanager
+    async def open(self, spec: GenerationSpec, *, resume: Replayed | None = None) -> AsyncIterator[Generation]:
+        if spec.encode.current_date is None:  # pinned, so a resumed attempt renders the same prompt
+            spec = GenerationSpec(spec.encode.model_copy(update={"current_date": dt.date.today().isoformat()}),
+                                  spec.sampling, spec.parse, spec.trace)
+        generation = Generation(spec, self, self.first_timeout, self.idle_timeout)
+        if resume is not None:
+            generation.tokens = list(resume.tokens)
+            generation.salt = uuid.uuid4().hex[:6]  # not the id the first owner used
+            generation.delivered.filter(list(resume.events))
+            generation.delivered.new_attempt()  # its parser replays the tokens from the start
+        try:
+            await generation.begin()
+            yield generation
+        finally:
+            if generation.generation_id:
+                if generation.finished:
+                    self._active.pop(generation.generation_id, None)
+                else:
+                    await self.cancel(generation.generation_id)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._active)

@@ -1,0 +1,166 @@
+"""The gateway's HTTP edge, as one pure ASGI middleware (no buffering of streams):
+
+- API keys: with keys configured every /v1 route needs ``Authorization: Bearer KEY`` (401
+  otherwise, keys compared in constant time, never logged); the caller's key hash is its tenant;
+- limits: a body over ``max_body_bytes`` is a 413 (from Content-Length before reading, or while
+  reading a chunked body); a POST with a body must be JSON (a browser form cannot post to the API);
+- ``x-request-id`` accepted (or made) and echoed;
+- one log line per request (method, path, status, duration, request id, and what the route
+  added: model, tokens, worker, the reason of a rejection);
+- anything unexpected becomes an OpenAI-shaped 500 that names no internals, and the connection
+  stays usable (nothing is re-raised to the server)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from contracts.errors import BusError, ErrorCode
+
+log = logging.getLogger("chorus.gateway.access")
+
+OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json")
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+def key_id(key: str) -> str:
+    """The tenant a key stands for: a hash, never the key itself."""
+    return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def error_body(code: ErrorCode, message: str, param: str | None = None) -> bytes:
+    return orjson.dumps(BusError(code=code, message=message, param=param).openai_body())
+
+
+class Edge:
+    def __init__(self, app: ASGIApp, *, api_keys: list[str], max_body_bytes: int) -> None:
+        self.app = app
+        self.keys = [k.encode() for k in api_keys]
+        self.max_body = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await self._websocket(scope, receive, send)
+            return
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        request_id = headers.get("x-request-id", "")[:128] or uuid.uuid4().hex
+        notes: dict[str, Any] = {}
+        scope.setdefault("state", {})
+        scope["state"]["notes"] = notes  # routes add model, tokens, worker, reason
+        scope["state"]["request_id"] = request_id
+        status = {"code": 0, "started": False}
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"], status["started"] = message["status"], True
+                message = {**message, "headers": [*message.get("headers", []),
+                                                   (b"x-request-id", request_id.encode("latin-1"))]}
+            await send(message)
+
+        try:
+            rejection = self._check(scope, headers)
+            if rejection is not None:
+                code, kind, message = rejection
+                notes["reason"] = message
+                await self._answer(send_with_id, code, error_body(kind, message))
+                return
+            scope["state"]["tenant"] = self._tenant(headers)
+            await self.app(scope, self._limited(receive), send_with_id)
+        except BodyTooLarge:
+            notes["reason"] = "body too large"
+            if not status["started"]:
+                await self._answer(send_with_id, 413, error_body(
+                    ErrorCode.REQUEST_TOO_LARGE, f"The request body is larger than {self.max_body} bytes."))
+        except Exception:  # noqa: BLE001 - the edge of last resort: never a bare 500 or a dropped connection
+            log.exception("request %s failed", request_id)
+            notes["reason"] = "internal error"
+            if not status["started"]:
+                await self._answer(send_with_id, 500, error_body(
+                    ErrorCode.INTERNAL, "The server failed to answer this request; it has been logged."))
+        finally:
+            self._log(scope, status["code"], time.monotonic() - started, request_id, notes)
+
+    async def _websocket(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A socket is refused at the handshake without a valid key (the same keys as HTTP)."""
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if self.keys and not self._key_ok(headers):
+            log.info("WS %s refused: missing or invalid API key", scope.get("path", ""))
+            await send({"type": "websocket.close", "code": 1008, "reason": "invalid API key"})
+            return
+        scope.setdefault("state", {})["tenant"] = self._tenant(headers)
+        await self.app(scope, receive, send)
+
+    def _key_ok(self, headers: dict[str, str]) -> bool:
+        given = headers.get("authorization", "")
+        token = given[7:].strip().encode() if given[:7].lower() == "bearer " else b""
+        return any(hmac.compare_digest(token, key) for key in self.keys)
+
+    def _check(self, scope: Scope, headers: dict[str, str]) -> tuple[int, ErrorCode, str] | None:
+        path = scope.get("path", "")
+        if self.keys and not path.startswith(OPEN_PATHS) and not self._key_ok(headers):
+            return 401, ErrorCode.INVALID_API_KEY, (
+                "Missing or invalid API key: send 'Authorization: Bearer <key>' with a key this "
+                "server accepts.")
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            return 413, ErrorCode.REQUEST_TOO_LARGE, f"The request body is larger than {self.max_body} bytes."
+        has_body = (length is not None and length != "0") or "chunked" in headers.get("transfer-encoding", "")
+        if scope.get("method") in ("POST", "PUT", "PATCH") and has_body:
+            kind = headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != "application/json" and not kind.endswith("+json"):
+                return 415, ErrorCode.UNSUPPORTED_MEDIA_TYPE, (
+                    "The request body must be JSON, sent with 'Content-Type: application/json'.")
+        return None
+
+    def _tenant(self, headers: dict[str, str]) -> str | None:
+        if not self.keys:
+            return None
+        given = headers.get("authorization", "")
+        return key_id(given[7:].strip())
+
+    def _limited(self, receive: Receive) -> Callable[[], Awaitable[Message]]:
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise BodyTooLarge
+            return message
+
+        return limited
+
+    @staticmethod
+    async def _answer(send: Send, status: int, body: bytes) -> None:
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    @staticmethod
+    def _log(scope: Scope, status: int, seconds: float, request_id: str, notes: dict[str, Any]) -> None:
+        path = scope.get("path", "")
+        if path in ("/health", "/metrics") and status == 200:
+            return  # probes and scrapes: not one line each
+        extra = " ".join(f"{k}={v}" for k, v in notes.items() if v is not None)
+        log.info("%s %s %s %.1fms request_id=%s %s", scope.get("method", ""), path, status, seconds * 1000,
+                 request_id, extra, extra={"request": {"method": scope.get("method"), "path": path,
+                                                       "status": status, "ms": round(seconds * 1000, 1),
+                                                       "request_id": request_id, **notes}})

@@ -1,0 +1,94 @@
+"""One API request as operators see it: its metrics, its GenAI span, its log line's details.
+
+    seen = Observed.start(request, api="chat", model=..., request_id=..., max_tokens=...)
+    ... seen.first_output() when the first text goes out ...
+    seen.finish(outcome="stop", usage=usage, finish_reasons=["stop"], worker=...)
+
+The span follows the OpenTelemetry GenAI semantic conventions and is the parent of the
+generation's bus messages (their trace context travels in the job)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+from contracts.messages.parse import Usage
+from services.common import metrics, telemetry
+
+
+@dataclass
+class Observed:
+    api: str  # chat | responses
+    model: str
+    request_id: str
+    span: Span
+    notes: dict[str, Any]
+    started: float = field(default_factory=time.monotonic)
+    first: float | None = None
+    done: bool = False
+
+    @classmethod
+    def start(cls, request: Request | None, *, api: str, model: str, request_id: str, stream: bool,
+              max_tokens: int | None = None, temperature: float | None = None,
+              top_p: float | None = None) -> Observed:
+        operation = "chat" if api == "chat" else "responses"
+        attributes: dict[str, Any] = {
+            telemetry.GEN_AI_OPERATION: operation, telemetry.GEN_AI_SYSTEM: "openai",
+            telemetry.GEN_AI_REQUEST_MODEL: model, telemetry.GEN_AI_RESPONSE_ID: request_id,
+            "chorus.api": api, "chorus.stream": stream,
+        }
+        for key, value in ((telemetry.GEN_AI_REQUEST_MAX_TOKENS, max_tokens),
+                           (telemetry.GEN_AI_REQUEST_TEMPERATURE, temperature),
+                           (telemetry.GEN_AI_REQUEST_TOP_P, top_p)):
+            if value is not None:
+                attributes[key] = value
+        span = telemetry.tracer().start_span(f"{operation} {model}", kind=SpanKind.INTERNAL, attributes=attributes)
+        notes: dict[str, Any] = {}
+        if request is not None:
+            notes = request.state.notes if hasattr(request.state, "notes") else {}
+            notes.update(api=api, model=model, id=request_id)
+        metrics.IN_FLIGHT.labels(api).inc()
+        return cls(api, model, request_id, span, notes)
+
+    def first_output(self) -> None:
+        if self.first is None:
+            self.first = time.monotonic()
+            self.span.add_event("first_token")
+            metrics.TIME_TO_FIRST_TOKEN.labels(self.api, self.model).observe(self.first - self.started)
+
+    def finish(self, *, outcome: str, usage: Usage | None = None, finish_reasons: list[str] | None = None,
+               worker: str | None = None, error: str | None = None) -> None:
+        if self.done:
+            return
+        self.done = True
+        now = time.monotonic()
+        metrics.IN_FLIGHT.labels(self.api).dec()
+        metrics.REQUESTS.labels(self.api, self.model, outcome).inc()
+        metrics.REQUEST_DURATION.labels(self.api, self.model).observe(now - self.started)
+        span = self.span
+        if usage is not None:
+            metrics.PROMPT_TOKENS.labels(self.api, self.model).inc(usage.prompt_tokens)
+            metrics.OUTPUT_TOKENS.labels(self.api, self.model).inc(usage.completion_tokens)
+            metrics.REASONING_TOKENS.labels(self.api, self.model).inc(usage.reasoning_tokens)
+            span.set_attribute(telemetry.GEN_AI_USAGE_INPUT_TOKENS, usage.prompt_tokens)
+            span.set_attribute(telemetry.GEN_AI_USAGE_OUTPUT_TOKENS, usage.completion_tokens)
+            if self.first is not None and usage.completion_tokens > 1:
+                metrics.INTER_TOKEN_LATENCY.labels(self.api, self.model).observe(
+                    (now - self.first) / (usage.completion_tokens - 1))
+            self.notes.update(prompt_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens)
+        if finish_reasons:
+            span.set_attribute(telemetry.GEN_AI_RESPONSE_FINISH_REASONS, finish_reasons)
+        if worker:
+            span.set_attribute("chorus.engine.worker", worker)
+            self.notes["worker"] = worker
+        if self.first is not None:
+            self.notes["ttft_ms"] = round((self.first - self.started) * 1000, 1)
+        self.notes["outcome"] = outcome
+        if error is not None:
+            span.set_status(Status(StatusCode.ERROR, error))
+            self.notes["reason"] = error
+        span.end()

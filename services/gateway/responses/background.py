@@ -1,0 +1,242 @@
+"""Background responses: run detached from any connection, and from any one gateway.
+
+A background response is a job in Redis: its request (MCP credentials sealed), its input
+items, a lease held by the gateway running it (renewed every second), a checkpoint before each
+model turn, and the parse events and tokens behind each batch of the turn under way. Its
+events go to a Redis stream that any replica replays. When the owner dies its lease lapses;
+another gateway (each sweeps every second) claims it, restores the checkpoint, replays the
+turn's logged parse events and continues the generation from its logged tokens: clients
+following the stream see it go on, events they already have are not sent again. A cancel is
+heard by every gateway (the owner stops the run) and left in Redis (a taker finds it)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, TypeAdapter
+
+from contracts.messages.control import CancelResponse
+from contracts.messages.items import ConversationItem
+from contracts.messages.parse import ParseEvent
+from services.gateway.context import GatewayContext
+from services.gateway.responses.persist import dump, finish
+from services.gateway.responses.request import McpToolParam, ResponsesRequest
+from services.gateway.responses.run import Prepared, ResponseRun, Resume, RunCheckpoint, Step
+from services.gateway.store import ResponseStore, StoredResponse
+
+log = logging.getLogger("chorus.gateway.background")
+
+LEASE_MS = 3000
+RENEW_S = 1.0
+SWEEP_S = 1.0
+_EVENTS: TypeAdapter[list[ParseEvent]] = TypeAdapter(list[ParseEvent])
+
+
+class Job(BaseModel):
+    """What another gateway needs to run a background response."""
+
+    response_id: str
+    created_at: int
+    tenant: str | None = None  # whose it is (API keys configured)
+    request: dict[str, Any]  # the validated request, MCP credentials taken out
+    credentials: dict[str, str] = {}  # server_label -> sealed {"headers", "authorization"}
+    input_ids: list[str]
+
+
+class LoggedStep(BaseModel):
+    turn: int
+    parsed: list[ParseEvent]
+    tokens: list[int]
+
+
+def job_of(run: ResponseRun, seal: Any, tenant: str | None) -> Job:
+    req = run.request
+    body = req.model_dump(mode="json", by_alias=True, exclude_none=True)
+    credentials: dict[str, str] = {}
+    for i, tool in enumerate(req.tools or []):
+        if isinstance(tool, McpToolParam) and (tool.headers or tool.authorization):
+            credentials[tool.server_label] = seal(orjson.dumps(
+                {"headers": tool.headers, "authorization": tool.authorization}).decode())
+            body["tools"][i].pop("headers", None)
+            body["tools"][i].pop("authorization", None)
+    return Job(response_id=run.response_id, created_at=run.prepared.created_at, tenant=tenant, request=body,
+               credentials=credentials, input_ids=[i.id for i in run.prepared.inputs if i.id])
+
+
+class Background:
+    """The background responses this gateway runs, and the sweep that takes over orphans."""
+
+    def __init__(self, ctx: GatewayContext, owner: str) -> None:
+        self.ctx = ctx
+        self.owner = owner
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self.ctx.bus.subscribe(self.ctx.bus.subjects.response_cancel, TypeAdapter(CancelResponse),
+                                     self.on_cancel)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    async def stop(self) -> None:
+        """Stop sweeping, and stop the runs in hand (their leases lapse: another replica
+        continues them)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        for task in list(self.tasks.values()):
+            task.cancel()
+        for task in list(self.tasks.values()):
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def on_cancel(self, msg: CancelResponse) -> None:
+        task = self.tasks.get(msg.response_id)
+        if task is not None:
+            task.cancel()
+
+    # a new background response --------------------------------------------------------------
+    async def submit(self, run: ResponseRun) -> None:
+        store = run.prepared.store
+        assert self.ctx.sealer is not None
+        job = job_of(run, self.ctx.sealer.seal, store.tenant)
+        await store.put_job(run.response_id, job.model_dump_json().encode(), run.prepared.inputs)
+        await store.claim(run.response_id, self.owner, LEASE_MS)
+        self._launch(run, None)
+
+    def _launch(self, run: ResponseRun, resume: Resume | None) -> None:
+        task = asyncio.get_running_loop().create_task(self._drive(run, resume))
+        self.tasks[run.response_id] = task
+        task.add_done_callback(lambda _: self.tasks.pop(run.response_id, None))
+
+    # running --------------------------------------------------------------------------------
+    async def _drive(self, run: ResponseRun, resume: Resume | None) -> None:
+        rid = run.response_id
+        store = run.prepared.store
+        last_seq = await self._last_seq(store, rid)
+        renewing = asyncio.get_running_loop().create_task(self._renew(store, rid, asyncio.current_task()))
+        try:
+            try:
+                await self._save(run, "in_progress")
+                async for step in run.steps(resume):
+                    await self._log(run, step, last_seq)
+            except asyncio.CancelledError:
+                if not await store.cancel_requested(rid):
+                    raise  # stopping, or the lease was lost: someone else continues
+                await self._append(run, run.cancelled(), last_seq)
+            except Exception as exc:  # noqa: BLE001 - a background failure is recorded, not raised
+                log.warning("background response %s failed: %s", rid, exc)
+                error = getattr(exc, "error", None)
+                run.fail(getattr(error, "message", None) or "the response failed")
+                await self._append(run, [run.final_event()], last_seq)
+            await finish(run)
+            await store.done_running(rid)
+        except asyncio.CancelledError:
+            log.info("background response %s left to another replica", rid)
+        except Exception:
+            log.exception("background response %s could not be finished", rid)
+        finally:
+            renewing.cancel()
+
+    async def _log(self, run: ResponseRun, step: Step, last_seq: int) -> None:
+        rid = run.response_id
+        if step.checkpoint is not None:
+            await run.prepared.store.put_checkpoint(rid, step.checkpoint.model_dump_json().encode())
+        if step.parsed or step.tokens:
+            logged = LoggedStep(turn=step.turn, parsed=step.parsed, tokens=step.tokens)
+            await run.prepared.store.add_step(rid, logged.model_dump_json().encode())
+        await self._append(run, step.events, last_seq)
+
+    async def _append(self, run: ResponseRun, events: list[Any], last_seq: int) -> None:
+        """Events a follower has not seen (a taken-over run sends some again)."""
+        fresh = [dump(e) for e in events if e.sequence_number > last_seq]
+        await run.prepared.store.append_events(run.response_id, fresh)
+
+    @staticmethod
+    async def _last_seq(store: ResponseStore, rid: str) -> int:
+        last = await store.last_event(rid)
+        return int(orjson.loads(last).get("sequence_number", -1)) if last else -1
+
+    async def _save(self, run: ResponseRun, status: str) -> None:
+        response = orjson.loads(dump(run.response(status)))  # type: ignore[arg-type]
+        await run.prepared.store.save_response(StoredResponse(response=response), [])
+
+    async def _renew(self, store: ResponseStore, rid: str, task: asyncio.Task[Any] | None) -> None:
+        """Keep the lease; a lease lost (this gateway stalled) stops the run here. A cancel
+        left in Redis stops it too: the bus message may have been missed (sent while this
+        gateway was taking the run over, or lost with a NATS reconnect)."""
+        while True:
+            await asyncio.sleep(RENEW_S)
+            try:
+                held = await store.renew(rid, self.owner, LEASE_MS)
+                cancelled = held and await store.cancel_requested(rid)
+            except Exception:  # noqa: BLE001 - Redis hiccup: try again next time
+                log.warning("renewing the lease of %s failed", rid, exc_info=True)
+                continue
+            if task is not None and (not held or cancelled):
+                if not held:
+                    log.warning("background response %s: lease lost; stopping here", rid)
+                task.cancel()
+                return
+
+    # taking over ----------------------------------------------------------------------------
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            try:
+                await self.sweep()
+            except Exception:  # noqa: BLE001 - Redis down: the next sweep tries again
+                log.warning("background sweep failed", exc_info=True)
+
+    async def sweep(self) -> None:
+        base = self.ctx.store
+        for tenant, rid in await base.unclaimed(await base.running()):
+            store = base.scoped(tenant)
+            if rid in self.tasks or not await store.claim(rid, self.owner, LEASE_MS):
+                continue
+            try:
+                await self.take_over(store, rid)
+            except Exception:  # noqa: BLE001 - an unreadable job is dropped, loudly
+                log.exception("background response %s could not be taken over", rid)
+                await store.done_running(rid)
+
+    async def take_over(self, store: ResponseStore, rid: str) -> None:
+        raw = await store.get_job(rid)
+        if raw is None:
+            await store.done_running(rid)
+            return
+        job = Job.model_validate_json(raw)
+        run = await self._rebuild(store, job)
+        checkpoint_raw = await store.get_checkpoint(rid)
+        checkpoint = RunCheckpoint.model_validate_json(checkpoint_raw) if checkpoint_raw else None
+        turn = checkpoint.turn if checkpoint else 0
+        parsed: list[ParseEvent] = []
+        tokens: list[int] = []
+        for entry in await store.steps(rid):
+            step = LoggedStep.model_validate_json(entry)
+            if step.turn == turn:
+                parsed += step.parsed
+                tokens += step.tokens
+        log.warning("background response %s: its gateway stopped; continuing it here (turn %d, "
+                    "%d tokens)", rid, turn, len(tokens))
+        run.observe()
+        self._launch(run, Resume(checkpoint=checkpoint, parsed=parsed, tokens=tokens))
+
+    async def _rebuild(self, store: ResponseStore, job: Job) -> ResponseRun:
+        body = dict(job.request)
+        assert self.ctx.sealer is not None
+        for tool in body.get("tools") or []:
+            sealed = job.credentials.get(tool.get("server_label", "")) if tool.get("type") == "mcp" else None
+            if sealed:
+                tool.update(orjson.loads(self.ctx.sealer.open(sealed, "tools")))
+        req = ResponsesRequest.model_validate(body)
+        context: list[ConversationItem] = []
+        if req.previous_response_id:
+            context = await store.history(req.previous_response_id) or []
+        elif req.conversation_id:
+            context = await store.conversation_items(req.conversation_id)
+        inputs = await store.items(job.input_ids)
+        prepared = Prepared(req, job.response_id, job.created_at, context, inputs, store)
+        return ResponseRun(self.ctx, prepared, seal=self.ctx.sealer.seal)

@@ -1,0 +1,27 @@
+"""What a finished Responses run leaves in Redis, and the one serialisation of API objects."""
+
+from __future__ import annotations
+
+import orjson
+from pydantic import BaseModel
+
+from services.gateway.responses.run import ResponseRun
+from services.gateway.store import StoredResponse
+
+
+def dump(model: BaseModel) -> bytes:
+    """A typed API object as JSON, once, at the edge (fields never set are left out)."""
+    return model.model_dump_json(by_alias=True, exclude_unset=True).encode()
+
+
+async def finish(run: ResponseRun) -> None:
+    """Store what the run made (unless store: false) and extend its conversation."""
+    req = run.request
+    added = run.conversation()[len(run.prepared.context):]
+    if req.stored:
+        record = StoredResponse(response=orjson.loads(dump(run.response())),
+                                previous_response_id=req.previous_response_id,
+                                item_ids=[i.id for i in added if i.id], input_count=len(run.prepared.inputs))
+        await run.prepared.store.save_response(record, added)
+    if req.conversation_id:
+        await run.prepared.store.add_conversation_items(req.conversation_id, added)

@@ -1,0 +1,453 @@
+"""One Responses API request, from its conversation to its final ``Response`` object.
+
+Every transport (a JSON answer, an SSE stream, a background job, a WebSocket) drives the same
+``ResponseRun``: ``events()`` yields typed stream events in batches (one per parser batch),
+``response()`` is the object at any moment. A run loops over model turns so the tool loop can
+feed results back; usage and ``max_output_tokens`` count over the whole response."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from openai.types.responses import (
+    Response,
+    ResponseCompactionCompactingEvent,
+    ResponseCompletedEvent,
+    ResponseCreatedEvent,
+    ResponseFailedEvent,
+    ResponseIncompleteEvent,
+    ResponseInProgressEvent,
+)
+from pydantic import BaseModel, Field
+
+from contracts.errors import BusError
+from contracts.messages.encode import (
+    EncodeRequest,
+    FunctionTool,
+    NamedToolChoice,
+    ResponseFormat,
+    ToolNamespace,
+)
+from contracts.messages.generate import ParseSpec, SamplingParams
+from contracts.messages.items import CompactionItem, ConversationItem, MessageItem
+from contracts.messages.parse import Failed, Finished, ParseEvent, Usage
+from services.common import telemetry
+from services.common.bus import BusFailure
+from services.gateway import structured
+from services.gateway.context import GatewayContext
+from services.gateway.errors import STORAGE_DOWN, ApiError, invalid, not_found, public
+from services.gateway.generation import Generation, GenerationSpec, Replayed
+from services.gateway.observe import Observed
+from services.gateway.responses.compaction import estimated_tokens, summarize, visible
+from services.gateway.responses.events import Event, EventWriter, ItemView, Output
+from services.gateway.responses.items import Unseal, input_items, new_id
+from services.gateway.responses.request import (
+    ItemReferenceInput,
+    NamedFunction,
+    ResponsesRequest,
+    TextFormatJsonObject,
+    TextFormatJsonSchema,
+)
+from services.gateway.responses.response import Status, build_response
+from services.gateway.responses.tool_loop import ToolLoop
+from services.gateway.store import ResponseStore
+
+log = logging.getLogger("chorus.gateway.responses")
+RunStatus = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+
+class RunCheckpoint(BaseModel):
+    """A run's state before a model turn: enough for another replica to continue it."""
+
+    turn: int
+    done: dict[int, ConversationItem]
+    offset: int
+    seq: int
+    usage: Usage
+    calls_run: int = 0
+    history: dict[int, list[ConversationItem]] = Field(default_factory=dict)
+
+
+@dataclass
+class Resume:
+    """Where a taken-over run continues: its last checkpoint, and the parse events and tokens
+    of the turn that was under way."""
+
+    checkpoint: RunCheckpoint | None
+    parsed: list[ParseEvent] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Step:
+    """One batch of a run: the events to send, and what was behind them."""
+
+    events: list[Event]
+    parsed: list[ParseEvent] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    turn: int = 0
+    checkpoint: RunCheckpoint | None = None
+
+
+@dataclass
+class Prepared:
+    """A validated request with what earlier turns left (a previous response, a conversation)."""
+
+    request: ResponsesRequest
+    response_id: str
+    created_at: int
+    context: list[ConversationItem]
+    inputs: list[ConversationItem]
+    store: ResponseStore  # as the caller's API key sees it
+
+
+async def prepare(ctx: GatewayContext, req: ResponsesRequest, store: ResponseStore, *,
+                  unseal: Unseal | None = None, context: list[ConversationItem] | None = None) -> Prepared:
+    """Check the model and tools, load the context. ``context`` given: the caller has it
+    (a WebSocket continuing a chain it holds)."""
+    ctx.check_model(req.model)
+    missing = [b for b in req.builtin_tools() if b not in ctx.settings.builtin_tools]
+    if "python" in missing:
+        raise invalid("The code_interpreter tool is not configured on this server (start Chorus with "
+                      "--builtin-tool python=URL of an MCP server).", "tools")
+    if "browser" in missing:  # clients (Codex) send it by default: left out, not refused
+        log.warning("a web_search tool was requested but no browser is configured "
+                    "(--builtin-tool browser=URL): the model is not offered one")
+    if req.stored or req.background or req.previous_response_id or req.conversation_id:
+        await store.ping()  # storage is needed: a 503 now, not after the generation ran
+    if context is None:
+        context = []
+        if req.previous_response_id:
+            history = await store.history(req.previous_response_id)
+            if history is None:
+                raise not_found(f"Previous response with id '{req.previous_response_id}' not found "
+                                "(it may have been deleted, expired, or created with store: false).",
+                                "previous_response_id")
+            context = history
+        elif req.conversation_id:
+            if await store.get_conversation(req.conversation_id) is None:
+                raise not_found(f"Conversation with id '{req.conversation_id}' not found.", "conversation")
+            context = await store.conversation_items(req.conversation_id)
+    references: dict[str, ConversationItem] = {}
+    if isinstance(req.input, list):
+        for entry in req.input:
+            if isinstance(entry, ItemReferenceInput):
+                item = await store.get_item(entry.id)
+                if item is not None:
+                    references[entry.id] = item
+    return Prepared(req, new_id("resp"), int(time.time()), context,
+                    input_items(req.input, references, unseal), store)
+
+
+@dataclass
+class ResponseRun:
+    ctx: GatewayContext
+    prepared: Prepared
+    seal: Callable[[str], str] | None = None
+    output: Output = field(default_factory=Output)
+    usage: Usage = field(default_factory=Usage)
+    status: RunStatus = "in_progress"
+    error: dict[str, str] | None = None
+    incomplete_reason: str | None = None
+    observed: Observed | None = None  # metrics, the span and the log line of the request
+    refused: BusError | None = None  # the engine refused the request before any output
+
+    def __post_init__(self) -> None:
+        req = self.request
+        self.tools = ToolLoop.for_request(self.ctx, self.response_id, req.mcp_tools(), req.max_tool_calls)
+        wants_sealed = bool(req.include and "reasoning.encrypted_content" in req.include)
+        self.view = ItemView(seal=self.seal if wants_sealed else None,
+                             summary=bool(req.reasoning and req.reasoning.wants_summary))
+        self.writer = EventWriter(self.output, self.view)
+
+    @property
+    def request(self) -> ResponsesRequest:
+        return self.prepared.request
+
+    @property
+    def response_id(self) -> str:
+        return self.prepared.response_id
+
+    # -- the response object -------------------------------------------------------------
+    def response(self, status: Status | None = None) -> Response:
+        return build_response(
+            self.request, response_id=self.response_id, created_at=self.prepared.created_at,
+            status=status or self.status, output=[self.view.json(i) for i in self.output.items],
+            usage=self.usage, error=self.error, incomplete_reason=self.incomplete_reason)
+
+    def conversation(self) -> list[ConversationItem]:
+        """Everything the next turn builds on: context, this input, this output (with tool
+        results)."""
+        out: list[ConversationItem] = [*self.prepared.context, *self.prepared.inputs]
+        for index, item in self.output.indexed():
+            out.extend(self.tools.history.get(index, [item]))
+        return out
+
+    # -- generation -----------------------------------------------------------------------
+    @property
+    def response_format(self) -> ResponseFormat | None:
+        fmt = self.request.text.format if self.request.text else None
+        if isinstance(fmt, TextFormatJsonSchema):
+            return structured.response_format("json_schema", name=fmt.name, schema=fmt.schema_,
+                                              description=fmt.description, strict=fmt.strict)
+        if isinstance(fmt, TextFormatJsonObject):
+            return structured.response_format("json_object")
+        return None
+
+    def observe(self, request: Any = None) -> Observed:
+        """Start observing the run (the transport that runs it passes its HTTP request)."""
+        req = self.request
+        self.observed = Observed.start(request, api="responses", model=req.model, request_id=self.response_id,
+                                       stream=bool(req.stream or req.background), max_tokens=req.max_output_tokens,
+                                       temperature=req.temperature, top_p=req.top_p)
+        return self.observed
+
+    def _spec(self, turn: int, trace: dict[str, str] | None = None) -> GenerationSpec | None:
+        req = self.request
+        limit = req.max_output_tokens
+        if limit is not None:
+            limit -= self.usage.completion_tokens
+            if limit <= 0:
+                return None
+        functions = [FunctionTool(name=t.name, description=t.description, parameters=t.parameters)
+                     for t in req.function_tools()]
+        namespaces = [ToolNamespace(name=ns.name, description=ns.description, tools=[
+            FunctionTool(name=t.name, description=t.description, parameters=t.parameters) for t in ns.tools])
+            for ns in req.namespace_tools()]
+        if self.tools.mcp is not None:
+            namespaces += self.tools.mcp.namespaces()
+        choice: Literal["auto", "none", "required"] | NamedToolChoice = "auto"
+        if isinstance(req.tool_choice, NamedFunction):
+            choice = NamedToolChoice(name=req.tool_choice.name)
+        elif req.tool_choice is not None:
+            choice = req.tool_choice
+        fmt = self.response_format
+        encode = EncodeRequest(model=req.model, items=visible(self.conversation()), instructions=req.instructions,
+                               response_format=fmt,
+                               tools=functions, namespaces=namespaces, tool_choice=choice,
+                               builtin_tools=[b for b in req.builtin_tools() if b in self.ctx.settings.builtin_tools],
+                               reasoning_effort=req.effort)
+        offered = [] if choice == "none" else req.function_tools()
+        parse = ParseSpec(request_id=self.response_id, turn=turn, tool_names=[t.name for t in offered],
+                          namespaces=[ns.name for ns in namespaces],
+                          tool_schemas={t.name: t.parameters or {} for t in offered})
+        named = req.tool_choice.name if isinstance(req.tool_choice, NamedFunction) else req.tool_choice
+        sampling = SamplingParams(max_tokens=limit or self.ctx.settings.default_max_tokens,
+                                  temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                                  constraint=structured.constraint(fmt, named, [t.name for t in req.function_tools()]))
+        return GenerationSpec(encode, sampling, parse, trace)
+
+    async def events(self) -> AsyncIterator[list[Event]]:
+        """The whole response as event batches. Failures before the first model turn starts
+        raise (the HTTP layer answers with a status code); later ones end it as failed."""
+        async for step in self.steps():
+            if step.events:
+                yield step.events
+
+    async def steps(self, resume: Resume | None = None) -> AsyncIterator[Step]:
+        """``events`` with what a replica needs to take the run over: a checkpoint before each
+        model turn, then the parse events and tokens behind each batch. With ``resume`` the run
+        continues from a checkpoint and the turn's parse events and tokens already logged
+        (events it had already sent come again, numbered the same: the caller drops them)."""
+        w = self.writer
+        first = 0
+        if resume is not None and resume.checkpoint is not None and resume.checkpoint.turn > 0:
+            first = resume.checkpoint.turn
+            await self.tools.relist()  # what the tools are, without new listing items
+            self.restore(resume.checkpoint)
+            prelude: list[Event] = []
+        else:
+            prelude = await self.tools.prelude(w, self.prepared.context, self.prepared.inputs)
+        if self.tools.mcp is not None:
+            self.view.mcp_labels = frozenset(self.tools.labels)
+            self.view.needs_approval = self.tools.mcp.needs_approval
+            if first == 0:
+                self.output.next_turn()
+        opened = first > 0  # a run taken over after its first turn has sent its opening
+        for turn in range(first, self.ctx.settings.max_tool_iterations):
+            if self._over_threshold() or (turn == 0 and self.request.compact_now):
+                async for events in self._compact(self._opening(prelude) if not opened else []):
+                    yield Step(events, turn=turn)
+                opened = True
+                if self.request.compact_now or self.status != "in_progress":
+                    break
+            turn_span = telemetry.child_span("responses.turn", self.observed.span if self.observed else None,
+                                             **{"chorus.turn": turn})
+            spec = self._spec(turn, telemetry.carrier_of(turn_span))
+            if spec is None:
+                turn_span.end()
+                self.status, self.incomplete_reason = "incomplete", "max_output_tokens"
+                break
+            checkpoint = self.checkpoint(turn)
+            replayed = None
+            if resume is not None and turn == first and resume.tokens:
+                replayed = Replayed(tokens=resume.tokens, events=resume.parsed)
+            opening = self._opening(prelude) if not opened else []
+            opened = True
+            if replayed is not None and any(isinstance(e, Finished | Failed) for e in replayed.events):
+                # the turn had ended before the takeover: its events again (the caller drops
+                # those a follower has; the ones logged but never sent go out now)
+                yield Step(opening + self._apply(replayed.events), checkpoint=checkpoint, turn=turn)
+            else:
+                try:
+                    async with self.ctx.generations.open(spec, resume=replayed) as generation:
+                        # the logged batches again: the writer's state and numbering as they were,
+                        # and the events of a batch logged just before its sender died
+                        replay = self._apply(replayed.events) if replayed is not None else []
+                        yield Step(opening + replay, checkpoint=checkpoint, turn=turn)
+                        async for step in self._turn(generation, turn):
+                            yield step
+                except Exception as exc:
+                    if turn == 0 and resume is None:
+                        raise
+                    error = getattr(exc, "error", None)
+                    self.fail(getattr(error, "message", None) or "the model turn failed")
+                finally:
+                    turn_span.end()
+            if self.status != "in_progress":
+                break
+            again, events = await self.tools.after_turn(w)
+            if events:
+                yield Step(events, turn=turn)
+            if not again:
+                break
+            self.output.next_turn()
+        if leftovers := self.tools.finish(w):
+            yield Step(leftovers)
+        if self.status == "in_progress":
+            self.status = "completed"
+            self._check_format()
+        yield Step([self.final_event()])
+
+    # -- compaction ---------------------------------------------------------------------------
+    def _over_threshold(self) -> bool:
+        threshold = self.request.compact_threshold
+        return threshold is not None and \
+            estimated_tokens(visible(self.conversation()), self.request.instructions) >= threshold
+
+    async def _compact(self, opening: list[Event]) -> AsyncIterator[list[Event]]:
+        """The conversation so far condensed into a compaction item (an output item): later
+        turns read its summary instead of what it stands for."""
+        w = self.writer
+        item_id = new_id("cmp")
+        index = self.output.next_index
+        yield [*opening, ResponseCompactionCompactingEvent(
+            type="response.compaction.compacting", item_id=item_id, output_index=index, sequence_number=w.seq())]
+        try:
+            summary, usage = await summarize(self.ctx, model=self.request.model, items=visible(self.conversation()),
+                                             instructions=self.request.instructions, request_id=item_id)
+        except (ApiError, BusFailure) as exc:
+            self.fail(f"Compacting the conversation failed: {public(exc.error).message}")
+            return
+        self._add_usage(usage)
+        item = CompactionItem(summary=summary, id=item_id, sealed=self.seal(summary) if self.seal else None)
+        events = w.add_item(item)
+        self.output.next_turn()
+        yield events
+
+    async def _turn(self, generation: Generation, turn: int) -> AsyncIterator[Step]:
+        known = len(generation.tokens)
+        async for batch in generation.batches():
+            out = self._apply(batch)
+            if self.observed is not None and any(e.type.endswith(".delta") for e in out):
+                self.observed.first_output()
+            tokens = generation.tokens[known:]
+            known = len(generation.tokens)
+            yield Step(out, parsed=batch, tokens=tokens, turn=turn)
+
+    def _opening(self, prelude: list[Event]) -> list[Event]:
+        """created and in_progress, then what came before the first turn (MCP listings)."""
+        w = self.writer
+        return w.renumber([
+            ResponseCreatedEvent(type="response.created", sequence_number=w.seq(),
+                                 response=self.response("in_progress")),
+            ResponseInProgressEvent(type="response.in_progress", sequence_number=w.seq(),
+                                    response=self.response("in_progress")),
+            *prelude])
+
+    def _apply(self, batch: list[ParseEvent]) -> list[Event]:
+        """A parser batch -> stream events, and what ends the turn (usage, status)."""
+        w = self.writer
+        out: list[Event] = []
+        for event in batch:
+            if isinstance(event, Finished):
+                self._add_usage(event.usage)
+                out += w.close_open()
+                if event.finish_reason == "length":
+                    self.status, self.incomplete_reason = "incomplete", "max_output_tokens"
+                elif event.finish_reason == "abort":
+                    self.status, self.incomplete_reason = "incomplete", "interrupted"
+            elif isinstance(event, Failed):
+                self._add_usage(event.usage)
+                out += w.close_open()
+                self.fail(public(event.error).message)
+                if not self.output.done and event.error.code.http_status < 500:
+                    self.refused = event.error  # the engine refused the request itself
+            else:
+                out += w.handle(event)
+        return out
+
+    # -- taking a run over ------------------------------------------------------------------
+    def checkpoint(self, turn: int) -> RunCheckpoint:
+        """The run's state before model turn ``turn`` (nothing is streaming then)."""
+        return RunCheckpoint(turn=turn, done=dict(self.output.done), offset=self.output.offset,
+                             seq=self.output.seq, usage=self.usage, calls_run=self.tools.calls_run,
+                             history=dict(self.tools.history))
+
+    def restore(self, checkpoint: RunCheckpoint) -> None:
+        self.output.done = dict(checkpoint.done)
+        self.output.open = {}
+        self.output.offset, self.output.turn_max, self.output.seq = checkpoint.offset, -1, checkpoint.seq
+        self.usage = checkpoint.usage
+        self.tools.calls_run = checkpoint.calls_run
+        self.tools.history = dict(checkpoint.history)
+
+    def _add_usage(self, u: Usage) -> None:
+        a = self.usage
+        cached = None if a.cached_tokens is None and u.cached_tokens is None else (
+            (a.cached_tokens or 0) + (u.cached_tokens or 0))
+        self.usage = Usage(prompt_tokens=a.prompt_tokens + u.prompt_tokens,
+                           completion_tokens=a.completion_tokens + u.completion_tokens,
+                           reasoning_tokens=a.reasoning_tokens + u.reasoning_tokens, cached_tokens=cached)
+
+    def fail(self, message: str, code: str = "server_error") -> None:
+        self.status = "failed"
+        self.error = {"code": code, "message": message}
+
+    def cancelled(self) -> list[Event]:
+        """The run was stopped by a cancel: what the stream ends with."""
+        self.status = "cancelled"
+        return [*self.writer.close_open(), self.final_event()]
+
+    def _check_format(self) -> None:
+        """The final answer against text.format (the engine's grammar should have made it so)."""
+        fmt = self.response_format
+        answers = [i for i in self.output.items if isinstance(i, MessageItem) and i.channel in (None, "final")]
+        if fmt is None or not answers:
+            return
+        why = structured.check(answers[-1].content, fmt)
+        if why is not None:
+            self.fail(f"The model's answer did not follow text.format: {why}")
+
+    def storage_failed(self) -> Event:
+        """The terminal event of a response that could not be stored (Redis down)."""
+        self.fail(STORAGE_DOWN.message, code=STORAGE_DOWN.code.value)
+        return self.final_event()
+
+    def final_event(self) -> Event:
+        if self.observed is not None:
+            self.observed.finish(outcome=self.status, usage=self.usage, finish_reasons=[self.status],
+                                 error=self.error["message"] if self.error else None)
+        response = self.response()
+        seq = self.writer.seq()
+        if self.status == "completed":
+            return ResponseCompletedEvent(type="response.completed", sequence_number=seq, response=response)
+        if self.status == "incomplete":
+            return ResponseIncompleteEvent(type="response.incomplete", sequence_number=seq, response=response)
+        # the stream protocol has no "cancelled" event: a cancelled response ends with
+        # response.failed whose response.status says "cancelled"
+        return ResponseFailedEvent(type="response.failed", sequence_number=seq, response=response)

@@ -1,0 +1,181 @@
+"""Responses over WebSocket (OpenAI's "WebSocket mode"): one socket to ``/v1/responses``.
+
+The client sends ``response.create`` events (the create body, without ``stream`` or
+``background``; ``stream_id`` names a lane) and receives the same events as the SSE stream,
+each tagged with its lane. Responses run one after another or side by side (at most
+``MAX_ACTIVE``). A continuation sends only its new input and ``previous_response_id``: the
+socket keeps every chain it served (``store: false`` ones live only here, so a new socket gets
+``previous_response_not_found`` for them; stored ones also come from Redis). A failed
+continuation evicts the parent it continued. Errors are ``error`` events; the socket stays
+usable. Each response is the same ``ResponseRun`` the HTTP transports drive."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from typing import Any
+
+import orjson
+from fastapi import WebSocket, WebSocketDisconnect
+from redis.exceptions import RedisError
+
+from contracts.errors import BusError, ErrorCode
+from contracts.messages.items import ConversationItem
+from services.common.bus import BusFailure
+from services.gateway.context import GatewayContext
+from services.gateway.errors import STORAGE_DOWN, ApiError, public
+from services.gateway.responses.persist import dump, finish
+from services.gateway.responses.request import ResponsesRequest
+from services.gateway.responses.run import ResponseRun, prepare
+from services.gateway.store import ResponseStore
+from services.gateway.validation import parse_json, validate
+
+log = logging.getLogger("chorus.gateway.websocket")
+
+MAX_ACTIVE = 16  # responses running at once on one socket
+MAX_LANES = 32  # distinct stream_ids on one socket
+MAX_CHAINS = 256  # chains a socket remembers (the oldest are forgotten first)
+LIFETIME_S = 60 * 60  # a socket is closed after an hour, as OpenAI's are
+
+
+class Socket:
+    """One client's WebSocket and what it holds: its chains, its running responses."""
+
+    def __init__(self, ctx: GatewayContext, ws: WebSocket, store: ResponseStore) -> None:
+        self.ctx = ctx
+        self.ws = ws
+        self.store = store
+        self.chains: OrderedDict[str, list[ConversationItem]] = OrderedDict()
+        self.lanes: set[str] = set()
+        self.active: set[asyncio.Task[None]] = set()
+        self._send_lock = asyncio.Lock()
+
+    async def serve(self) -> None:
+        await self.ws.accept()
+        deadline = time.monotonic() + LIFETIME_S
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    async with asyncio.timeout(remaining):
+                        raw = await self.ws.receive_text()
+                except TimeoutError:
+                    break
+                await self.on_message(raw)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            for task in list(self.active):
+                task.cancel()
+            for task in list(self.active):
+                with contextlib.suppress(BaseException):
+                    await task
+            with contextlib.suppress(Exception):
+                await self.ws.close()
+
+    async def on_message(self, raw: str) -> None:
+        lane: str | None = None
+        try:
+            body = raw.encode()
+            if len(body) > self.ctx.settings.max_body_bytes:  # the same limit as an HTTP body
+                raise ApiError(BusError(code=ErrorCode.REQUEST_TOO_LARGE, message=(
+                    f"The event is {len(body)} bytes; at most {self.ctx.settings.max_body_bytes} are accepted.")))
+            data = parse_json(body)
+            if not isinstance(data, dict):
+                raise ApiError(BusError(code=ErrorCode.INVALID_REQUEST, message="A client event must be a JSON object."))
+            kind = data.pop("type", None)
+            lane = data.pop("stream_id", None)
+            if kind != "response.create":
+                raise ApiError(BusError(code=ErrorCode.INVALID_REQUEST, param="type",
+                                        message=f"Unsupported client event type {kind!r}: send 'response.create'."))
+            if lane is not None and lane not in self.lanes:
+                if len(self.lanes) >= MAX_LANES:
+                    raise ApiError(BusError(code=ErrorCode.INVALID_REQUEST, param="stream_id",
+                                            message=f"At most {MAX_LANES} streams per connection."))
+                self.lanes.add(lane)
+            for field in ("stream", "background"):
+                if data.get(field):
+                    raise ApiError(BusError(code=ErrorCode.INVALID_REQUEST, param=field,
+                                            message=f"'{field}' is not supported over WebSocket "
+                                                    "(events always stream; background is HTTP only)."))
+                data.pop(field, None)
+            generate = data.pop("generate", True)
+            if len(self.active) >= MAX_ACTIVE:
+                raise ApiError(BusError(code=ErrorCode.INVALID_REQUEST,
+                                        message=f"At most {MAX_ACTIVE} responses may run at once on a connection."))
+            req = validate(data, ResponsesRequest, ignore_unknown=self.ctx.settings.ignore_unknown_fields)
+            run = await self._prepare(req)
+        except (ApiError, BusFailure) as exc:
+            await self.send_error(exc.error, lane)
+            return
+        except RedisError:
+            await self.send_error(STORAGE_DOWN, lane)
+            return
+        task = asyncio.get_running_loop().create_task(self._run(run, lane, generate=generate is not False))
+        self.active.add(task)
+        task.add_done_callback(self.active.discard)
+
+    async def _prepare(self, req: ResponsesRequest) -> ResponseRun:
+        # a chain served here continues from the socket; any other from the store (or a 404)
+        parent = req.previous_response_id
+        context = self.chains.get(parent) if parent is not None else None
+        if parent is not None and context is not None:
+            self.chains.move_to_end(parent)
+        sealer = self.ctx.sealer
+        prepared = await prepare(self.ctx, req, self.store, unseal=sealer.open if sealer else None,
+                                 context=context)
+        run = ResponseRun(self.ctx, prepared, seal=sealer.seal if sealer else None)
+        run.observe(None)
+        return run
+
+    async def _run(self, run: ResponseRun, lane: str | None, *, generate: bool) -> None:
+        parent = run.request.previous_response_id
+        try:
+            if generate:
+                async for batch in run.events():
+                    await self.send_events(batch, lane)
+            else:  # the context is set up for later turns; the model is not asked
+                run.status = "completed"
+                await self.send_events([run.final_event()], lane)
+            if run.status == "failed" and parent is not None:
+                self.chains.pop(parent, None)
+            await finish(run)
+            self._remember(run)
+        except (ApiError, BusFailure) as exc:
+            if parent is not None:
+                self.chains.pop(parent, None)
+            await self.send_error(exc.error, lane)
+        except RedisError:
+            await self.send_error(STORAGE_DOWN, lane)
+        except (WebSocketDisconnect, RuntimeError):
+            pass  # the client left: leaving the run cancels its generation
+
+    def _remember(self, run: ResponseRun) -> None:
+        self.chains[run.response_id] = run.conversation()
+        while len(self.chains) > MAX_CHAINS:
+            self.chains.popitem(last=False)
+
+    async def send_events(self, events: list[Any], lane: str | None) -> None:
+        async with self._send_lock:
+            for event in events:
+                data = dump(event)
+                if lane is not None:
+                    data = data[:-1] + b',"stream_id":' + orjson.dumps(lane) + b"}"
+                await self.ws.send_text(data.decode())
+
+    async def send_error(self, error: BusError, lane: str | None) -> None:
+        shown = public(error)
+        code = "previous_response_not_found" if error.param == "previous_response_id" and \
+            error.code == ErrorCode.NOT_FOUND else shown.code.value
+        event: dict[str, Any] = {"type": "error", "status": shown.code.http_status, "error": {
+            "type": shown.code.openai_type, "code": code, "message": shown.message, "param": shown.param}}
+        if lane is not None:
+            event["stream_id"] = lane
+        async with self._send_lock:
+            with contextlib.suppress(Exception):
+                await self.ws.send_text(orjson.dumps(event).decode())

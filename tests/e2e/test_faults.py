@@ -1,0 +1,224 @@
+"""Process deaths under load: `chorus up` over real NATS and Redis, 8 streams in flight, one
+process killed with SIGKILL. Every stream must end with exactly the text an undisturbed run
+gives, and no stream may pause longer than 3 seconds.
+
+The simulated engine is deterministic (a resumed output continues the same script), so an
+undisturbed run of the same prompts is the reference."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import openai
+import pytest
+
+from services.common.infra import ManagedProcess, free_port
+from tests.e2e.conftest import MODEL, RunningStack, start_sim_engine, start_stack
+
+STREAMS = 8
+MAX_PAUSE_S = 3.0
+# ~300 answer tokens at 8 ms a token: a stream lasts about 2.5 s, long enough to be cut
+PROMPT = "Fault test {i} [[sim:tokens=300]] [[sim:delay_ms=8]]"
+
+
+@dataclass
+class Streamed:
+    reasoning: str
+    content: str
+    longest_pause: float
+    error: str | None = None
+
+
+async def chat_stream(client: openai.AsyncOpenAI, i: int) -> Streamed:
+    reasoning, content, pause = [], [], 0.0
+    stream = await client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": PROMPT.format(i=i)}], stream=True)
+    last = time.monotonic()
+    async for chunk in stream:
+        now = time.monotonic()
+        pause, last = max(pause, now - last), now
+        if chunk.choices:
+            delta = chunk.choices[0].delta
+            content.append(delta.content or "")
+            reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
+    return Streamed("".join(reasoning), "".join(content), pause)
+
+
+async def responses_stream(client: openai.AsyncOpenAI, i: int) -> Streamed:
+    reasoning, content, pause = [], [], 0.0
+    error = None
+    stream = await client.responses.create(model=MODEL, input=PROMPT.format(i=i), stream=True)
+    last = time.monotonic()
+    async for event in stream:
+        now = time.monotonic()
+        pause, last = max(pause, now - last), now
+        if event.type == "response.output_text.delta":
+            content.append(event.delta)
+        elif event.type == "response.reasoning_text.delta":
+            reasoning.append(event.delta)
+        elif event.type == "response.completed":
+            # the stored answer says the same as the stream
+            assert event.response.output_text == "".join(content)
+        elif event.type in ("response.failed", "error"):
+            error = str(event)
+    return Streamed("".join(reasoning), "".join(content), pause, error)
+
+
+async def run_streams(stack: RunningStack, api: str, during: object = None) -> list[Streamed]:
+    """STREAMS streams at once; ``during()`` runs once they are all well under way."""
+    client = stack.async_client()
+    fn = chat_stream if api == "chat" else responses_stream
+    tasks = [asyncio.create_task(fn(client, i)) for i in range(STREAMS)]
+    if during is not None:
+        await asyncio.sleep(1.0)  # the streams are a third of the way through
+        during()  # type: ignore[operator]
+    return list(await asyncio.gather(*tasks))
+
+
+def kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def engines() -> Iterator[list[tuple[ManagedProcess, str]]]:
+    started = [start_sim_engine("vllm"), start_sim_engine("vllm")]
+    yield started
+    for proc, _ in started:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def fault_stack(nats_url: str, redis_url: str, engines: list[tuple[ManagedProcess, str]]) -> Iterator[RunningStack]:
+    stack = start_stack("faults", nats_url, redis_url, engines=[f"sim={url}" for _, url in engines])
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(fault_stack: RunningStack) -> dict[str, list[Streamed]]:
+    """The undisturbed run of the same prompts, per API."""
+    return {api: asyncio.run(run_streams(fault_stack, api)) for api in ("chat", "responses")}
+
+
+def check(got: list[Streamed], want: list[Streamed]) -> None:
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert g.error is None, f"stream {i} failed: {g.error}"
+        assert w.content and w.reasoning
+        assert g.content == w.content, f"stream {i}: the answer differs from the undisturbed run"
+        assert g.reasoning == w.reasoning, f"stream {i}: the reasoning differs from the undisturbed run"
+        assert g.longest_pause < MAX_PAUSE_S, f"stream {i} paused {g.longest_pause:.2f}s"
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_kill_one_parser_of_two(fault_stack: RunningStack, reference: dict[str, list[Streamed]], api: str) -> None:
+    fault_stack.wait_healthy()
+    parsers = fault_stack.children("serve parser")
+    assert len(parsers) == 2
+    got = asyncio.run(run_streams(fault_stack, api, lambda: kill(parsers[0])))
+    check(got, reference[api])
+    assert "resuming" in fault_stack.log("gateway")  # some streams were on the dead parser
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_kill_the_dispatcher(fault_stack: RunningStack, reference: dict[str, list[Streamed]], api: str) -> None:
+    fault_stack.wait_healthy()
+    [dispatcher] = fault_stack.children("serve dispatcher")
+    got = asyncio.run(run_streams(fault_stack, api, lambda: kill(dispatcher)))
+    check(got, reference[api])
+    fault_stack.wait_healthy()
+    assert fault_stack.children("serve dispatcher") != [dispatcher]  # chorus up started a new one
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_kill_one_engine_of_two(fault_stack: RunningStack, reference: dict[str, list[Streamed]],
+                                engines: list[tuple[ManagedProcess, str]], api: str) -> None:
+    fault_stack.wait_healthy()
+    proc, _ = engines[0]
+    assert proc.proc is not None
+    got = asyncio.run(run_streams(fault_stack, api, lambda: kill(proc.proc.pid)))  # type: ignore[union-attr]
+    check(got, reference[api])
+    engines[0] = start_sim_engine("vllm", port=int(engines[0][1].rsplit(":", 1)[1]))  # back for the next test
+
+
+def test_sigterm_drains_a_parser(fault_stack: RunningStack, reference: dict[str, list[Streamed]]) -> None:
+    """A parser asked to stop finishes the sessions it holds: no stream is resumed."""
+    fault_stack.wait_healthy()
+    before = fault_stack.log("gateway").count("resuming")
+    parsers = fault_stack.children("serve parser")
+    got = asyncio.run(run_streams(fault_stack, "chat", lambda: os.kill(parsers[0], signal.SIGTERM)))
+    check(got, reference["chat"])
+    assert fault_stack.log("gateway").count("resuming") == before
+    assert "draining" in fault_stack.log("parser-1") + fault_stack.log("parser-2")
+
+
+def test_nats_restart(nats_url: str, redis_url: str) -> None:
+    """The stack's own NATS server dies and `chorus up` starts it again: every stream in
+    flight resumes (or ends with a clear error) within seconds."""
+    own_nats = f"nats://127.0.0.1:{free_port()}"  # nothing listens there: chorus up starts it
+    stack = start_stack("nats-restart", own_nats, redis_url)
+    try:
+        want = asyncio.run(run_streams(stack, "chat"))
+        [server] = stack.children("nats-server")
+        started = time.monotonic()
+        got = asyncio.run(run_streams(stack, "chat", lambda: kill(server)))
+        assert time.monotonic() - started < 20
+        for g, w in zip(got, want, strict=True):
+            assert g.error is None and g.content == w.content and g.reasoning == w.reasoning
+            assert g.longest_pause < 5.0
+    finally:
+        stack.stop()
+
+
+def start_gateway(stack: RunningStack) -> tuple[ManagedProcess, str]:
+    """A second gateway replica of ``stack`` (same namespace, NATS and Redis)."""
+    import json
+    import subprocess
+    import sys
+
+    from services.common.infra import wait_for_port
+
+    port = free_port()
+    env = {**os.environ, "CHORUS_NAMESPACE": stack.namespace, "CHORUS_PORT": str(port),
+           "CHORUS_MODELS": json.dumps([MODEL]), "CHORUS_NATS_URL": stack.nats_url,
+           "CHORUS_REDIS_URL": stack.redis_url}
+    proc = ManagedProcess("gateway-b", [sys.executable, "-m", "services.cli", "serve", "gateway"])
+    log = open(stack.log_dir / "gateway-b.log", "ab")  # noqa: SIM115 - closed with the process
+    proc.proc = subprocess.Popen(proc.args, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wait_for_port("127.0.0.1", port, proc, timeout=30)
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def test_background_response_survives_its_gateway(fault_stack: RunningStack) -> None:
+    """A background response whose gateway is killed completes on another replica; a client
+    following its stream sees one stream: every sequence number once, the same text."""
+    fault_stack.wait_healthy()
+    prompt = "Background fault [[sim:tokens=400]] [[sim:delay_ms=8]]"
+    client = fault_stack.client()
+    want = client.responses.create(model=MODEL, input=prompt)  # the undisturbed answer
+    other, url = start_gateway(fault_stack)
+    try:
+        b = openai.OpenAI(base_url=url, api_key="chorus", max_retries=0, timeout=60)
+        resp = client.responses.create(model=MODEL, input=prompt, background=True)
+        stream = b.responses.retrieve(resp.id, stream=True)
+        events = []
+        for event in stream:
+            events.append(event)
+            if len(events) == 40:  # under way: the gateway that runs it dies
+                [gateway] = fault_stack.children("serve gateway")
+                kill(gateway)
+            if event.type in ("response.completed", "response.failed", "response.incomplete"):
+                break
+        seqs = [e.sequence_number for e in events]
+        assert seqs == list(range(len(seqs))), "a follower saw gaps or repeats"
+        assert events[-1].type == "response.completed", events[-1]
+        text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert text == want.output_text
+        final = b.responses.retrieve(resp.id)
+        assert final.status == "completed" and final.output_text == want.output_text
+    finally:
+        other.stop()
