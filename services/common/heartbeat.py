@@ -45,8 +45,14 @@ DeathCallback = Callable[[str, str], Awaitable[None]]  # (service, instance)
 
 
 class Peers:
-    def __init__(self, *, dead_after: float = 1.0) -> None:
+    """``dead_after`` is how long a pipeline instance (encoder, dispatcher, parser) may stay
+    silent before its work is resumed elsewhere: quickly, as resuming loses nothing. A gateway
+    gets ``gateway_dead_after``: what follows its death (its generations aborted) cannot be
+    undone, so a gateway that is merely slow (a loaded machine) must not be counted dead."""
+
+    def __init__(self, *, dead_after: float = 1.0, gateway_dead_after: float = 10.0) -> None:
         self.dead_after = dead_after
+        self.gateway_dead_after = gateway_dead_after
         self._peers: dict[str, dict[str, Peer]] = {}
         self._on_death: list[DeathCallback] = []
         self._paused = False
@@ -124,7 +130,8 @@ class Peers:
         now = time.monotonic()
         for service, peers in self._peers.items():
             for instance, peer in list(peers.items()):
-                limit = max(self.dead_after, 3 * peer.beat.interval_s)
+                patience = self.gateway_dead_after if service == "gateway" else self.dead_after
+                limit = max(patience, 3 * peer.beat.interval_s)
                 if now - peer.seen > limit:
                     del peers[instance]
                     log.warning("%s %s missed its heartbeats for %.1fs: counted dead",
@@ -143,10 +150,21 @@ class Peers:
             await bus.subscribe(bus.subjects.heartbeat(service), HEARTBEAT, self.observe)
 
     async def run(self, interval: float) -> None:
-        """Sweep for deaths every ``interval`` seconds, forever."""
+        """Sweep for deaths every ``interval`` seconds, forever. When this process itself
+        stalled (its loop blocked, the machine overloaded), the beats it did not read yet are
+        no evidence against anyone: everyone gets a fresh grace period instead of a verdict."""
+        last = time.monotonic()
         while True:
             await asyncio.sleep(interval)
-            await self.sweep()
+            now = time.monotonic()
+            if now - last > max(2 * interval, self.dead_after / 2):
+                log.info("this process stalled for %.1fs: no death verdicts this time", now - last)
+                for peers in self._peers.values():
+                    for peer in peers.values():
+                        peer.seen = max(peer.seen, now)
+            else:
+                await self.sweep()
+            last = now
 
 
 class Beater:

@@ -75,7 +75,7 @@ class Runtime:
         """Connect (or use the faststream broker's connection ``nc``) and listen to the
         heartbeats of the services in ``watch``."""
         setup_tracing(service, settings.otlp_endpoint)
-        peers = Peers(dead_after=settings.dead_after_s)
+        peers = Peers(dead_after=settings.dead_after_s, gateway_dead_after=settings.gateway_dead_after_s)
         reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
 
         async def disconnected() -> None:

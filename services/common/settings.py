@@ -31,6 +31,7 @@ class BusSettings(BaseSettings):
 
     heartbeat_interval_s: float = 0.25  # how often this instance says it is alive
     dead_after_s: float = 1.2  # a peer unheard for this long is counted dead
+    gateway_dead_after_s: float = 10.0  # a gateway unheard for this long is counted dead (slow is not dead)
     drain_timeout_s: float = 30.0  # SIGTERM: finish the work in hand for at most this long
     liveness_file: str | None = None  # touched on every heartbeat (container healthchecks)
     # messages to one destination that come faster than this (ms) go out together, except

@@ -305,10 +305,10 @@ async def test_gateway_death_aborts_its_generations(
 
 
 async def test_silent_gateway_is_counted_dead(nats_url: str, namespace: str, sim: RunningSim) -> None:
-    """A gateway whose heartbeats stop: counted dead after dead_after_s, its generations
+    """A gateway whose heartbeats stop: counted dead after gateway_dead_after_s, its generations
     aborted; another gateway's go on."""
     b, c = new_id("of-g2"), new_id("of-g3")
-    async with dispatcher(nats_url, namespace, [f"vllm={sim.url}"], dead_after_s=0.5) as d:
+    async with dispatcher(nats_url, namespace, [f"vllm={sim.url}"], gateway_dead_after_s=0.5) as d:
         await d.gateway_beat("g2", 10)  # alive for 30 s
         for g, gateway in ((b, "g2"), (c, "g3")):
             await d.send(generate_request(g, user_prompt(SLOW), gateway=gateway))

@@ -17,7 +17,11 @@ from dataclasses import dataclass
 import openai
 import pytest
 
+from contracts.messages.items import MessageItem
+from contracts.messages.parse import Finished, ItemAdded, ItemDelta, ItemDone, Usage
 from services.common.infra import ManagedProcess, free_port
+from services.gateway.responses.background import Job, LoggedStep
+from services.gateway.store import RedisResponseStore
 from tests.e2e.conftest import MODEL, RunningStack, start_sim_engine, start_stack
 
 STREAMS = 8
@@ -111,7 +115,8 @@ def check(got: list[Streamed], want: list[Streamed]) -> None:
         assert w.content and w.reasoning
         assert g.content == w.content, f"stream {i}: the answer differs from the undisturbed run"
         assert g.reasoning == w.reasoning, f"stream {i}: the reasoning differs from the undisturbed run"
-        assert g.longest_pause < MAX_PAUSE_S, f"stream {i} paused {g.longest_pause:.2f}s"
+        # the allowance sits on top of the undisturbed run's own longest pause (a loaded machine)
+        assert g.longest_pause < MAX_PAUSE_S + w.longest_pause, f"stream {i} paused {g.longest_pause:.2f}s"
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
@@ -222,3 +227,42 @@ def test_background_response_survives_its_gateway(fault_stack: RunningStack) -> 
         assert final.status == "completed" and final.output_text == want.output_text
     finally:
         other.stop()
+
+
+def test_takeover_sends_a_logged_batch_whose_events_were_never_appended(fault_stack: RunningStack) -> None:
+    """The owner logged a batch (its parse events) and died before appending the batch's
+    events to the stream: the replica that takes the run over sends them."""
+    fault_stack.wait_healthy()
+    rid = f"resp_{os.urandom(12).hex()}"
+    request = {"model": MODEL, "input": "orphan", "background": True, "store": True}
+    job = Job(response_id=rid, created_at=int(time.time()), request=request, input_ids=[])
+    message = MessageItem(role="assistant", content="Hello world", id=f"msg_{rid}", channel="final")
+    step = LoggedStep(turn=0, tokens=[1, 2, 3], parsed=[
+        ItemAdded(output_index=0, item=message.model_copy(update={"content": "", "status": "in_progress"})),
+        ItemDelta(output_index=0, delta="Hello "), ItemDelta(output_index=0, delta="world"),
+        ItemDone(output_index=0, item=message),
+        Finished(finish_reason="stop", usage=Usage(prompt_tokens=5, completion_tokens=3))])
+
+    async def orphan() -> None:  # the job as its dead owner left it: logged, no lease, no events
+        store = RedisResponseStore.from_url(fault_stack.redis_url, namespace=fault_stack.namespace, ttl_s=600)
+        try:
+            await store.put_job(rid, job.model_dump_json().encode(), [])
+            await store.add_step(rid, step.model_dump_json().encode())
+        finally:
+            await store.close()
+
+    asyncio.run(orphan())
+    client = fault_stack.client()
+    deadline = time.monotonic() + 30
+    while True:  # the sweep (every second) takes it over and stores the response
+        try:
+            client.responses.retrieve(rid)
+            break
+        except openai.NotFoundError:
+            assert time.monotonic() < deadline, "no replica took the orphaned run over"
+            time.sleep(0.2)
+    events = list(client.responses.retrieve(rid, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "Hello world"
+    assert client.responses.retrieve(rid).output_text == "Hello world"

@@ -74,6 +74,7 @@ class Background:
         self.ctx = ctx
         self.owner = owner
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.cancelling: set[str] = set()  # runs told to cancel
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -93,8 +94,14 @@ class Background:
                 await task
 
     async def on_cancel(self, msg: CancelResponse) -> None:
-        task = self.tasks.get(msg.response_id)
+        self._cancel(msg.response_id)
+
+    def _cancel(self, rid: str) -> None:
+        """The run ends as cancelled: at once when it is waiting, else after the step in hand
+        (the flag holds even if a library swallowed the task's cancellation)."""
+        task = self.tasks.get(rid)
         if task is not None:
+            self.cancelling.add(rid)
             task.cancel()
 
     # a new background response --------------------------------------------------------------
@@ -102,14 +109,19 @@ class Background:
         store = run.prepared.store
         assert self.ctx.sealer is not None
         job = job_of(run, self.ctx.sealer.seal, store.tenant)
+        await store.claim(run.response_id, self.owner, LEASE_MS)  # first: no sweep may take it
         await store.put_job(run.response_id, job.model_dump_json().encode(), run.prepared.inputs)
-        await store.claim(run.response_id, self.owner, LEASE_MS)
         self._launch(run, None)
 
     def _launch(self, run: ResponseRun, resume: Resume | None) -> None:
         task = asyncio.get_running_loop().create_task(self._drive(run, resume))
         self.tasks[run.response_id] = task
-        task.add_done_callback(lambda _: self.tasks.pop(run.response_id, None))
+        task.add_done_callback(lambda _: self._ended(run.response_id, task))
+
+    def _ended(self, rid: str, task: asyncio.Task[None]) -> None:
+        if self.tasks.get(rid) is task:
+            del self.tasks[rid]
+            self.cancelling.discard(rid)
 
     # running --------------------------------------------------------------------------------
     async def _drive(self, run: ResponseRun, resume: Resume | None) -> None:
@@ -120,10 +132,16 @@ class Background:
         try:
             try:
                 await self._save(run, "in_progress")
-                async for step in run.steps(resume):
-                    await self._log(run, step, last_seq)
+                steps = run.steps(resume)
+                async with contextlib.aclosing(steps):
+                    async for step in steps:
+                        await self._log(run, step, last_seq)
+                        if rid in self.cancelling:
+                            break
+                if rid in self.cancelling:
+                    await self._append(run, run.cancelled(), last_seq)
             except asyncio.CancelledError:
-                if not await store.cancel_requested(rid):
+                if rid not in self.cancelling and not await store.cancel_requested(rid):
                     raise  # stopping, or the lease was lost: someone else continues
                 await self._append(run, run.cancelled(), last_seq)
             except Exception as exc:  # noqa: BLE001 - a background failure is recorded, not raised
@@ -175,9 +193,10 @@ class Background:
             except Exception:  # noqa: BLE001 - Redis hiccup: try again next time
                 log.warning("renewing the lease of %s failed", rid, exc_info=True)
                 continue
-            if task is not None and (not held or cancelled):
-                if not held:
-                    log.warning("background response %s: lease lost; stopping here", rid)
+            if cancelled:
+                self._cancel(rid)
+            elif not held and task is not None:
+                log.warning("background response %s: lease lost; stopping here", rid)
                 task.cancel()
                 return
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -248,7 +248,7 @@ class ResponseRun:
             if step.events:
                 yield step.events
 
-    async def steps(self, resume: Resume | None = None) -> AsyncIterator[Step]:
+    async def steps(self, resume: Resume | None = None) -> AsyncGenerator[Step, None]:
         """``events`` with what a replica needs to take the run over: a checkpoint before each
         model turn, then the parse events and tokens behind each batch. With ``resume`` the run
         continues from a checkpoint and the turn's parse events and tokens already logged

@@ -1,0 +1,53 @@
+"""Death verdicts: quick for pipeline instances, patient for gateways, none after a stall of
+this process's own loop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from contracts.messages.control import Heartbeat
+from services.common.heartbeat import Peers
+
+
+def beat(service: str, instance: str) -> Heartbeat:
+    return Heartbeat(service=service, instance=instance, interval_s=0.01)
+
+
+async def test_gateways_get_longer_than_pipeline_instances() -> None:
+    peers = Peers(dead_after=0.05, gateway_dead_after=0.5)
+    dead: list[tuple[str, str]] = []
+
+    async def died(service: str, instance: str) -> None:
+        dead.append((service, instance))
+
+    peers.on_death(died)
+    await peers.observe(beat("parser", "p1"))
+    await peers.observe(beat("gateway", "g1"))
+    await asyncio.sleep(0.1)
+    await peers.sweep()
+    assert dead == [("parser", "p1")]  # the gateway is only slow so far
+    await asyncio.sleep(0.5)
+    await peers.sweep()
+    assert dead == [("parser", "p1"), ("gateway", "g1")]
+
+
+async def test_no_verdicts_after_this_process_stalled() -> None:
+    peers = Peers(dead_after=0.05, gateway_dead_after=0.05)
+    dead: list[str] = []
+
+    async def died(service: str, instance: str) -> None:
+        dead.append(instance)
+
+    peers.on_death(died)
+    await peers.observe(beat("parser", "p1"))
+    runner = asyncio.get_running_loop().create_task(peers.run(0.01))
+    try:
+        await asyncio.sleep(0.03)
+        time.sleep(0.3)  # noqa: ASYNC251 - the point: this loop blocks, p1's beats go unread
+        await asyncio.sleep(0.02)
+        assert dead == []  # the stall is no evidence against p1
+        await asyncio.sleep(0.2)
+        assert dead == ["p1"]  # silence after the stall is
+    finally:
+        runner.cancel()
