@@ -122,6 +122,14 @@ class Delivered:
         return out
 
 
+def cut_short(events: list[ParseEvent], failure: Failed) -> list[ParseEvent]:
+    """The batch of an attempt that failed and will be resumed, without the failure and without
+    the items its parser closed because of it (``incomplete``): they are not done, the next
+    attempt continues them."""
+    return [e for e in events if e is not failure
+            and not (isinstance(e, ItemDone) and getattr(e.item, "status", None) == "incomplete")]
+
+
 @dataclass
 class Generation:
     """A logical generation across its attempts."""
@@ -243,8 +251,8 @@ class Generation:
                 batch: ParsedBatch | None = item
                 while batch is not None:  # everything already waiting goes out together
                     retryable = next((e for e in batch.events if isinstance(e, Failed) and e.error.retryable), None)
-                    if retryable is not None:
-                        batch = batch.model_copy(update={"events": [e for e in batch.events if e is not retryable]})
+                    if retryable is not None:  # the attempt is cut here and resumed
+                        batch = batch.model_copy(update={"events": cut_short(batch.events, retryable)})
                         failure = retryable.error.message
                     events += self._take(batch)
                     batch = None if failure or self.finished else self._more()
