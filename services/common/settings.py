@@ -18,25 +18,52 @@ class BusSettings(BaseSettings):
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",
         validation_alias=AliasChoices("CHORUS_NATS_URL", "NATS_URL", "nats_url"),
+        description="The NATS server every service connects to (credentials: CHORUS_NATS_USER / "
+        "CHORUS_NATS_PASSWORD).",
     )
-    namespace: str = "chorus"
-    instance_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
-    log_level: str = "INFO"
+    namespace: str = Field(
+        "chorus",
+        description="Prefix of every NATS subject and Redis key: stacks with different namespaces "
+        "share one NATS and Redis without seeing each other.",
+    )
+    instance_id: str = Field(
+        default_factory=lambda: uuid.uuid4().hex[:12],
+        description="This process's name on the bus (heartbeats, metrics labels, its own "
+        "subjects); leave it unset so every replica makes its own.",
+    )
+    log_level: str = Field("INFO", description="Python log level (DEBUG, INFO, WARNING, ERROR).")
     otlp_endpoint: str | None = Field(
         default=None,
         validation_alias=AliasChoices(
             "CHORUS_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint"
         ),
+        description="OTLP/HTTP endpoint traces are exported to (e.g. http://jaeger:4318); unset: "
+        "no tracing.",
     )
 
-    heartbeat_interval_s: float = 0.25  # how often this instance says it is alive
-    dead_after_s: float = 1.2  # a peer unheard for this long is counted dead
-    gateway_dead_after_s: float = 10.0  # a gateway unheard for this long is counted dead (slow is not dead)
-    drain_timeout_s: float = 30.0  # SIGTERM: finish the work in hand for at most this long
-    liveness_file: str | None = None  # touched on every heartbeat (container healthchecks)
-    # messages to one destination that come faster than this (ms) go out together, except
-    # each generation's first tokens (its time to first token)
-    coalesce_window_ms: float = 1.0
+    heartbeat_interval_s: float = Field(
+        0.25, description="How often this instance says it is alive (seconds)."
+    )
+    dead_after_s: float = Field(
+        1.2,
+        description="A peer unheard for this long (seconds) is counted dead and its work resumed.",
+    )
+    gateway_dead_after_s: float = Field(
+        10.0,
+        description="A gateway unheard for this long (seconds) is counted dead and its generations "
+        "aborted (longer than dead_after_s: a slow gateway must not lose its streams).",
+    )
+    drain_timeout_s: float = Field(
+        30.0, description="On SIGTERM, finish the work in hand for at most this long (seconds)."
+    )
+    liveness_file: str | None = Field(
+        None, description="A file touched on every heartbeat (container healthchecks); unset: none."
+    )
+    coalesce_window_ms: float = Field(
+        1.0,
+        description="Messages to one destination that come faster than this (ms) go out "
+        "together, except each generation's first tokens (its time to first token).",
+    )
 
     @property
     def subjects(self) -> Subjects:

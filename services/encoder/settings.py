@@ -1,11 +1,24 @@
 from __future__ import annotations
 
+from pydantic import Field
+
 from services.common.settings import BusSettings
 
 
 class Settings(BusSettings):
-    knowledge_cutoff: str = "2024-06"
-    # prompts of at least this many characters render in the process pool, not inline
-    inline_render_chars: int = 20_000
-    render_processes: int = 1  # 0: always render inline
-    context_length: int = 131072  # gpt-oss-20b and -120b; prompt + output must fit
+    knowledge_cutoff: str = Field(
+        "2024-06", description="The knowledge cutoff the Harmony system message states."
+    )
+    inline_render_chars: int = Field(
+        20_000,
+        description="Prompts of at least this many characters render in the process pool, not "
+        "inline.",
+    )
+    render_processes: int = Field(
+        1, description="Processes rendering long prompts; 0: always inline."
+    )
+    context_length: int = Field(
+        131072,
+        description="The model's context length (131072 for gpt-oss-20b and -120b): a prompt, plus "
+        "max_tokens when given, that does not fit is a 400 before any engine is called.",
+    )

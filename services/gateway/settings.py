@@ -9,31 +9,64 @@ from services.common.settings import BusSettings
 
 
 class Settings(BusSettings):
-    host: str = "127.0.0.1"
-    port: int = 8000
-    models: list[str] = Field(default_factory=lambda: ["openai/gpt-oss-20b"])
+    host: str = Field("127.0.0.1", description="Address the HTTP API listens on.")
+    port: int = Field(8000, description="Port of the HTTP API (and /metrics, /health).")
+    models: list[str] = Field(
+        default_factory=lambda: ["openai/gpt-oss-20b"],
+        description="Served model names (/v1/models); other names are a 404.",
+    )
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("CHORUS_REDIS_URL", "REDIS_URL", "redis_url"),
+        description="Redis holding Responses state (responses, conversations, background runs).",
     )
-    response_ttl_s: int = 30 * 24 * 3600  # how long stored responses / conversations live
-    bus_timeout_s: float = 10.0  # encode / parse-open / generate accept
-    first_token_timeout_s: float = 120.0  # from accept to the first parsed event
-    idle_timeout_s: float = 120.0  # between two parsed batches
-    default_max_tokens: int | None = None  # None: the engine's limit
-    max_tool_iterations: int = 16  # server-side cap on Responses tool-loop turns
-    mcp_call_timeout_s: float = 30.0  # one MCP tool call, end to end
-    metrics_timeout_s: float = 0.5  # /metrics waits this long for every service's answer
-    # gpt-oss built-in tools routed to MCP servers (the tools service holds the URLs)
-    builtin_tools: dict[str, str] = Field(default_factory=dict)
-    # keys for sealed content (encrypted reasoning, compaction, background credentials): the
-    # first seals, all open. Empty: one is generated and shared through Redis.
-    sealing_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    # API keys (CHORUS_API_KEYS, comma-separated): with keys, every /v1 route needs one, and what
-    # a key stores (responses, conversations, background streams) is visible to that key only
-    api_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    max_body_bytes: int = 16 * 1024 * 1024  # larger request bodies are a 413
-    ignore_unknown_fields: bool = False  # accept fields OpenAI does not define (a client newer than this server)
+    response_ttl_s: int = Field(
+        30 * 24 * 3600, description="How long stored responses and conversations live (seconds)."
+    )
+    bus_timeout_s: float = Field(
+        10.0,
+        description="Bus steps before a generation starts: encode, parser open, generate "
+        "accepted (seconds).",
+    )
+    first_token_timeout_s: float = Field(
+        120.0,
+        description="From the engine accepting a generation to its first parsed event (seconds).",
+    )
+    idle_timeout_s: float = Field(
+        120.0, description="Between two parsed batches of a generation (seconds)."
+    )
+    default_max_tokens: int | None = Field(
+        None, description="Output budget when the request sets none; unset: the engine's limit."
+    )
+    max_tool_iterations: int = Field(
+        16, description="Server-side cap on Responses tool-loop turns."
+    )
+    mcp_call_timeout_s: float = Field(30.0, description="One MCP tool call, end to end (seconds).")
+    metrics_timeout_s: float = Field(
+        0.5, description="/metrics waits this long for every service's answer (seconds)."
+    )
+    builtin_tools: dict[str, str] = Field(
+        default_factory=dict,
+        description="gpt-oss built-in tools (browser, python) routed to MCP servers, e.g. "
+        '{"browser": "http://browser:8080/mcp"}; set the same value on the tools service.',
+    )
+    sealing_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Keys for sealed content (encrypted reasoning, compaction, "
+        "background credentials): the first seals, all open. Empty: one is generated and shared "
+        "through Redis.",
+    )
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="API keys: with keys, every /v1 route needs one, and what a "
+        "key stores (responses, conversations, background streams) is visible to that key only.",
+    )
+    max_body_bytes: int = Field(16 * 1024 * 1024, description="Larger request bodies are a 413.")
+    ignore_unknown_fields: bool = Field(
+        False,
+        description="Accept request fields OpenAI does not define (a client newer than this "
+        "server) instead of a 400.",
+    )
 
     @field_validator("sealing_keys", "api_keys", mode="before")
     @classmethod

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+from pydantic import Field
+
 from services.common.settings import BusSettings
 
 
 class Settings(BusSettings):
-    session_idle_s: float = 300.0  # drop sessions that receive nothing for this long
+    session_idle_s: float = Field(
+        300.0, description="Drop parse sessions that receive nothing for this long (seconds)."
+    )
