@@ -22,7 +22,7 @@ class BusSettings(BaseSettings):
         "CHORUS_NATS_PASSWORD).",
     )
     namespace: str = Field(
-        "chorus",
+        default="chorus",
         description="Prefix of every NATS subject and Redis key: stacks with different namespaces "
         "share one NATS and Redis without seeing each other.",
     )
@@ -31,7 +31,7 @@ class BusSettings(BaseSettings):
         description="This process's name on the bus (heartbeats, metrics labels, its own "
         "subjects); leave it unset so every replica makes its own.",
     )
-    log_level: str = Field("INFO", description="Python log level (DEBUG, INFO, WARNING, ERROR).")
+    log_level: str = Field(default="INFO", description="Python log level (DEBUG, INFO, WARNING, ERROR).")
     otlp_endpoint: str | None = Field(
         default=None,
         validation_alias=AliasChoices(
@@ -42,25 +42,25 @@ class BusSettings(BaseSettings):
     )
 
     heartbeat_interval_s: float = Field(
-        0.25, description="How often this instance says it is alive (seconds)."
+        default=0.25, description="How often this instance says it is alive (seconds)."
     )
     dead_after_s: float = Field(
-        1.2,
+        default=1.2,
         description="A peer unheard for this long (seconds) is counted dead and its work resumed.",
     )
     gateway_dead_after_s: float = Field(
-        10.0,
+        default=10.0,
         description="A gateway unheard for this long (seconds) is counted dead and its generations "
         "aborted (longer than dead_after_s: a slow gateway must not lose its streams).",
     )
     drain_timeout_s: float = Field(
-        30.0, description="On SIGTERM, finish the work in hand for at most this long (seconds)."
+        default=30.0, description="On SIGTERM, finish the work in hand for at most this long (seconds)."
     )
     liveness_file: str | None = Field(
-        None, description="A file touched on every heartbeat (container healthchecks); unset: none."
+        default=None, description="A file touched on every heartbeat (container healthchecks); unset: none."
     )
     coalesce_window_ms: float = Field(
-        1.0,
+        default=1.0,
         description="Messages to one destination that come faster than this (ms) go out "
         "together, except each generation's first tokens (its time to first token).",
     )

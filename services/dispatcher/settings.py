@@ -16,43 +16,43 @@ StreamMode = Literal["auto", "cumulative", "incremental"]
 
 class Settings(BusSettings):
     engines: Annotated[list[str], NoDecode] = Field(
-        [],
+        default=[],
         description="Engine workers, KIND=URL each (a JSON list works too). KIND: vllm | "
         "sglang | openai | openai-chat (text mode) | sim (the stand-in engine, spoken to as "
         "vLLM); SGLang workers may pin their stream mode: sglang+incremental=URL, "
         "sglang+cumulative=URL.",
     )
-    connect_timeout_s: float = Field(3.0, description="TCP connect to an engine (seconds).")
+    connect_timeout_s: float = Field(default=3.0, description="TCP connect to an engine (seconds).")
     accept_timeout_s: float = Field(
-        8.0, description="Until the engine answers a generation with a status (seconds)."
+        default=8.0, description="Until the engine answers a generation with a status (seconds)."
     )
     read_timeout_s: float = Field(
-        120.0, description="Between two chunks of an engine stream (seconds)."
+        default=120.0, description="Between two chunks of an engine stream (seconds)."
     )
-    abort_timeout_s: float = Field(2.0, description="SGLang's POST /abort_request (seconds).")
+    abort_timeout_s: float = Field(default=2.0, description="SGLang's POST /abort_request (seconds).")
     health_interval_s: float = Field(
-        3.0,
+        default=3.0,
         description="How often every worker's health is polled (seconds): GET /health, or "
         "/v1/models for text-mode upstreams.",
     )
     health_retry_s: float = Field(
-        0.5, description="The polling interval instead while any worker is down (seconds)."
+        default=0.5, description="The polling interval instead while any worker is down (seconds)."
     )
-    health_timeout_s: float = Field(2.0, description="One health check (seconds).")
+    health_timeout_s: float = Field(default=2.0, description="One health check (seconds).")
     sglang_stream_mode: StreamMode = Field(
-        "auto",
+        default="auto",
         description="How SGLang workers without +mode stream: cumulative output_ids (SGLang's "
         "default), incremental (--incremental-streaming-output), or auto (detected per chunk).",
     )
     sglang_default_max_tokens: int = Field(
-        0,
+        default=0,
         description="SGLang's budget when the client set none. 0: null, which SGLang's scheduler "
         "clips to the room left in the context. A number is sent as is: SGLang refuses (400) any "
         "request whose prompt + max_new_tokens reaches the context length (its own default "
         "would be 128).",
     )
     max_connections: int = Field(
-        1024, description="Engine answers in hand at once, all workers together (more wait)."
+        default=1024, description="Engine answers in hand at once, all workers together (more wait)."
     )
 
     @field_validator("engines", mode="before")

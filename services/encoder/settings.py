@@ -7,18 +7,18 @@ from services.common.settings import BusSettings
 
 class Settings(BusSettings):
     knowledge_cutoff: str = Field(
-        "2024-06", description="The knowledge cutoff the Harmony system message states."
+        default="2024-06", description="The knowledge cutoff the Harmony system message states."
     )
     inline_render_chars: int = Field(
-        20_000,
+        default=20_000,
         description="Prompts of at least this many characters render in the process pool, not "
         "inline.",
     )
     render_processes: int = Field(
-        1, description="Processes rendering long prompts; 0: always inline."
+        default=1, description="Processes rendering long prompts; 0: always inline."
     )
     context_length: int = Field(
-        131072,
+        default=131072,
         description="The model's context length (131072 for gpt-oss-20b and -120b): a prompt, plus "
         "max_tokens when given, that does not fit is a 400 before any engine is called.",
     )

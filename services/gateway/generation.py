@@ -304,7 +304,7 @@ class Generations:
 
     def __init__(self, bus: Bus, peers: Peers, gateway_id: str, *, accept_timeout: float,
                  first_timeout: float, idle_timeout: float, max_resumes: int = 3,
-                 replacement_wait: float = 5.0) -> None:
+                 replacement_wait: float = 15.0) -> None:
         self.bus = bus
         self.peers = peers
         self.gateway_id = gateway_id

@@ -9,8 +9,8 @@ from services.common.settings import BusSettings
 
 
 class Settings(BusSettings):
-    host: str = Field("127.0.0.1", description="Address the HTTP API listens on.")
-    port: int = Field(8000, description="Port of the HTTP API (and /metrics, /health).")
+    host: str = Field(default="127.0.0.1", description="Address the HTTP API listens on.")
+    port: int = Field(default=8000, description="Port of the HTTP API (and /metrics, /health).")
     models: list[str] = Field(
         default_factory=lambda: ["openai/gpt-oss-20b"],
         description="Served model names (/v1/models); other names are a 404.",
@@ -21,29 +21,29 @@ class Settings(BusSettings):
         description="Redis holding Responses state (responses, conversations, background runs).",
     )
     response_ttl_s: int = Field(
-        30 * 24 * 3600, description="How long stored responses and conversations live (seconds)."
+        default=30 * 24 * 3600, description="How long stored responses and conversations live (seconds)."
     )
     bus_timeout_s: float = Field(
-        10.0,
+        default=10.0,
         description="Bus steps before a generation starts: encode, parser open, generate "
         "accepted (seconds).",
     )
     first_token_timeout_s: float = Field(
-        120.0,
+        default=120.0,
         description="From the engine accepting a generation to its first parsed event (seconds).",
     )
     idle_timeout_s: float = Field(
-        120.0, description="Between two parsed batches of a generation (seconds)."
+        default=120.0, description="Between two parsed batches of a generation (seconds)."
     )
     default_max_tokens: int | None = Field(
-        None, description="Output budget when the request sets none; unset: the engine's limit."
+        default=None, description="Output budget when the request sets none; unset: the engine's limit."
     )
     max_tool_iterations: int = Field(
-        16, description="Server-side cap on Responses tool-loop turns."
+        default=16, description="Server-side cap on Responses tool-loop turns."
     )
-    mcp_call_timeout_s: float = Field(30.0, description="One MCP tool call, end to end (seconds).")
+    mcp_call_timeout_s: float = Field(default=30.0, description="One MCP tool call, end to end (seconds).")
     metrics_timeout_s: float = Field(
-        0.5, description="/metrics waits this long for every service's answer (seconds)."
+        default=0.5, description="/metrics waits this long for every service's answer (seconds)."
     )
     builtin_tools: dict[str, str] = Field(
         default_factory=dict,
@@ -61,9 +61,9 @@ class Settings(BusSettings):
         description="API keys: with keys, every /v1 route needs one, and what a "
         "key stores (responses, conversations, background streams) is visible to that key only.",
     )
-    max_body_bytes: int = Field(16 * 1024 * 1024, description="Larger request bodies are a 413.")
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, description="Larger request bodies are a 413.")
     ignore_unknown_fields: bool = Field(
-        False,
+        default=False,
         description="Accept request fields OpenAI does not define (a client newer than this "
         "server) instead of a 400.",
     )

@@ -7,5 +7,5 @@ from services.common.settings import BusSettings
 
 class Settings(BusSettings):
     session_idle_s: float = Field(
-        300.0, description="Drop parse sessions that receive nothing for this long (seconds)."
+        default=300.0, description="Drop parse sessions that receive nothing for this long (seconds)."
     )
