@@ -25,7 +25,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench_pipeline import Stack, chorus_services, cpu_seconds  # noqa: E402
+from chorus_stack import Stack, chorus_services, cpu_seconds  # noqa: E402
 
 MODEL = "openai/gpt-oss-20b"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather for a city",

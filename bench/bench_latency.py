@@ -34,7 +34,7 @@ from services.common.harmony import harmony_encoding  # noqa: E402
 from services.common.infra import free_port  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_pipeline import rss_mb  # noqa: E402
+from chorus_stack import rss_mb  # noqa: E402
 
 MODEL = "openai/gpt-oss-20b"
 

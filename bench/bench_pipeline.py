@@ -23,29 +23,19 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+# bench/ modules (the script's directory is on sys.path)
+from chorus_stack import ROOT, Stack, chorus_services, cpu_seconds, rss_mb, show_logs
+from stream_clients import Load, Result, chat_text, chorus_once, direct_once, prompt_ids, run_load
 
-from services.common.harmony import harmony_encoding  # noqa: E402
-from services.common.infra import free_port  # noqa: E402
-
-MODEL = "openai/gpt-oss-20b"
-MESSAGE_TOKEN = 200008  # <|message|>: the first id after it is the first content token
-STOP_TOKEN_IDS = [200002, 200012]  # <|return|>, <|call|>
-SERVICES = ("gateway", "encoder", "dispatcher", "parser", "tools")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 WARMUP = 20
 
 # figure key -> (label, target text, predicate on the measured value)
@@ -72,158 +62,6 @@ def pct(values: list[float], p: float) -> float:
     return ordered[k]
 
 
-def prompt_ids(text: str) -> list[int]:
-    """The Harmony token ids Chorus renders for this one-message chat (default system message)."""
-    from openai_harmony import Conversation, Message, Role, SystemContent
-
-    conv = Conversation.from_messages([
-        Message.from_role_and_content(Role.SYSTEM, SystemContent.new()),
-        Message.from_role_and_content(Role.USER, text),
-    ])
-    return list(harmony_encoding().render_conversation_for_completion(conv, Role.ASSISTANT))
-
-
-def chat_text(tokens: int, delay_ms: float = 0.0) -> str:
-    pace = f" [[sim:delay_ms={delay_ms:g}]]" if delay_ms else ""
-    return f"Benchmark question [[sim:tokens={tokens}]]{pace}"
-
-
-def count_ids(line: bytes) -> int:
-    """Token ids in a vLLM stream line's ``"token_ids":[...]``, without parsing the JSON."""
-    start = line.find(b'"token_ids":[')
-    if start < 0:
-        return 0
-    start += len(b'"token_ids":[')
-    end = line.find(b"]", start)
-    body = line[start:end].strip()
-    return body.count(b",") + 1 if body else 0
-
-
-# ------------------------------------------------------------------------------------ clients
-
-
-@dataclass
-class Result:
-    ttft: float  # seconds to the first content token (0 when none came)
-    total: float  # seconds to the end of the stream
-    tokens: int  # output tokens: ids received (direct) or usage.completion_tokens (chorus)
-    usage_tokens: int = 0  # the usage chunk's completion_tokens (both sides, as a cross-check)
-
-
-class RequestFailed(Exception):
-    """One benchmark request that did not complete (HTTP error or an error in the stream)."""
-
-
-async def check_status(resp: aiohttp.ClientResponse) -> None:
-    if resp.status != 200:
-        text = (await resp.text(errors="replace")).strip()
-        raise RequestFailed(f"HTTP {resp.status}: {text[:300]}")
-
-
-async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The ``data:`` lines of an event stream, ``[DONE]`` left out; everything that has arrived
-    is split at once (one wake-up per network read, not per line)."""
-    rest = b""
-    async for data in resp.content.iter_any():
-        lines = (rest + data).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            if line.startswith(b"data: ") and not line.startswith(b"data: [DONE]"):
-                yield line
-    if rest.startswith(b"data: ") and not rest.startswith(b"data: [DONE]"):
-        yield rest
-
-
-async def direct_once(http: aiohttp.ClientSession, engine: str, ids: list[int]) -> Result:
-    """Stream one completion from the engine with the rendered prompt ids."""
-    body = {"model": MODEL, "prompt": ids, "max_tokens": None, "stream": True,
-            "stream_options": {"include_usage": True}, "return_token_ids": True,
-            "skip_special_tokens": False, "stop_token_ids": STOP_TOKEN_IDS}
-    t0 = time.perf_counter()
-    ttft = 0.0
-    seen_message = False
-    tokens = usage = 0
-    async with http.post(f"{engine}/v1/completions", json=body) as resp:
-        await check_status(resp)
-        async for raw in sse_data(resp):
-            if not ttft:  # parse until the first content token; then only count
-                chunk = json.loads(raw[6:])
-                if chunk.get("error"):
-                    raise RequestFailed(f"engine error: {chunk['error']}")
-                for choice in chunk.get("choices") or ():
-                    for tid in choice.get("token_ids") or ():
-                        tokens += 1
-                        if seen_message and not ttft:
-                            ttft = time.perf_counter() - t0
-                        seen_message = seen_message or tid == MESSAGE_TOKEN
-                if chunk.get("usage"):
-                    usage = chunk["usage"]["completion_tokens"]
-            elif b'"error"' in raw:
-                raise RequestFailed(f"engine error: {raw[6:306].decode(errors='replace')}")
-            elif b'"usage"' in raw and b'"usage":null' not in raw:
-                usage = json.loads(raw[6:])["usage"]["completion_tokens"]
-            else:
-                tokens += count_ids(raw)
-    if not usage:
-        raise RequestFailed("the engine's stream ended without its usage chunk")
-    return Result(ttft, time.perf_counter() - t0, tokens, usage)
-
-
-async def chorus_once(http: aiohttp.ClientSession, base: str, text: str) -> Result:
-    """Stream one chat completion through Chorus."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "stream": True,
-            "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    ttft = 0.0
-    usage = 0
-    async with http.post(f"{base}/v1/chat/completions", json=body) as resp:
-        await check_status(resp)
-        async for raw in sse_data(resp):
-            if ttft and b'"usage"' not in raw and b'"error"' not in raw:
-                continue  # after the first content chunk only usage (or an error) matters
-            chunk = json.loads(raw[6:])
-            if chunk.get("error"):
-                raise RequestFailed(f"chorus error: {chunk['error']}")
-            if chunk.get("usage"):
-                usage = chunk["usage"]["completion_tokens"]
-            if not ttft:
-                for choice in chunk.get("choices") or ():
-                    d = choice.get("delta") or {}
-                    if (d.get("reasoning") or d.get("reasoning_content") or d.get("content")
-                            or d.get("tool_calls")):
-                        ttft = time.perf_counter() - t0
-                        break
-    if not usage:
-        raise RequestFailed("Chorus's stream ended without its usage chunk")
-    return Result(ttft, time.perf_counter() - t0, usage, usage)
-
-
-@dataclass
-class Load:
-    """The completed requests of a run and the errors of the others."""
-
-    results: list[Result] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-    async def call(self, fn: Callable[[], Awaitable[Result]]) -> None:
-        try:
-            self.results.append(await fn())
-        except (RequestFailed, aiohttp.ClientError, TimeoutError) as exc:
-            self.errors.append(f"{type(exc).__name__}: {exc}")
-
-
-async def run_load(fn: Callable[[], Awaitable[Result]], n: int, concurrency: int) -> Load:
-    load = Load()
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one() -> None:
-        async with sem:
-            await load.call(fn)
-
-    await asyncio.gather(*(one() for _ in range(n)))
-    return load
-
-
 def note_errors(figures: dict[str, Any], run: str, load: Load) -> None:
     """Failed requests are left out of the figures but counted and shown."""
     if not load.errors:
@@ -231,149 +69,6 @@ def note_errors(figures: dict[str, Any], run: str, load: Load) -> None:
     figures.setdefault("errors", {})[run] = {"count": len(load.errors), "first": load.errors[0]}
     print(f"  WARNING: {len(load.errors)} {run} request(s) failed (left out of the figures); "
           f"first: {load.errors[0]}")
-
-
-# ---------------------------------------------------------------------------------- processes
-
-
-def proc_cmdline(pid: int) -> str:
-    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-
-
-def child_pids(parent: int) -> dict[int, str]:
-    """The processes whose parent is ``parent``, with their command lines."""
-    found: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
-                found[int(entry.name)] = proc_cmdline(int(entry.name))
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
-
-
-def is_service(pid: int) -> bool:
-    """Whether ``pid`` is (still) a `services.cli` process, not a zombie or a reused pid."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        return state != "Z" and "services.cli" in proc_cmdline(pid)
-    except (OSError, IndexError):
-        return False
-
-
-def chorus_services(up_pid: int) -> dict[int, str]:
-    """Children of `chorus up` running `serve gateway|encoder|dispatcher|parser|tools`."""
-    found: dict[int, str] = {}
-    for pid, cmd in child_pids(up_pid).items():
-        service = cmd.split("serve ", 1)[1].split()[0] if "serve " in cmd else ""
-        if service in SERVICES:
-            found[pid] = service
-    names: dict[int, str] = {}
-    counts: dict[str, int] = {}
-    for pid, service in sorted(found.items()):
-        counts[service] = counts.get(service, 0) + 1
-        same = sum(1 for s in found.values() if s == service)
-        names[pid] = f"{service}-{counts[service]}" if same > 1 else service
-    return names
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime (fields 14 and 15 of /proc/PID/stat) in seconds; NaN when it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return float("nan")
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields[0] is field 3 (state)
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
-@dataclass
-class Stack:
-    """The simulated engine and `chorus up` in front of it, with their logs."""
-
-    log_dir: Path
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
-    base: str = ""
-    engine: str = ""
-
-    @property
-    def sim(self) -> subprocess.Popen[bytes]:
-        return self.procs[0]
-
-    @property
-    def up(self) -> subprocess.Popen[bytes]:
-        return self.procs[1]
-
-    def start(self, args: argparse.Namespace) -> None:
-        sim_port, port = free_port(), free_port()
-        self.engine = f"http://127.0.0.1:{sim_port}"
-        self.base = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(sim_port),
-               "CHORUS_SIM_PROTOCOL": "vllm", "CHORUS_SIM_TOKEN_DELAY_MS": "0",
-               "CHORUS_SIM_TOKENS_PER_CHUNK": str(args.tokens_per_chunk),
-               "CHORUS_SIM_LOG_LEVEL": "WARNING"}
-        cli = [sys.executable, "-m", "services.cli"]
-        with open(self.log_dir / "sim.log", "wb") as sim_log:
-            self.procs.append(subprocess.Popen([*cli, "serve", "sim-engine"], env=env, cwd=ROOT,
-                                               stdout=sim_log, stderr=subprocess.STDOUT))
-        with open(self.log_dir / "up.out", "wb") as up_log:
-            self.procs.append(subprocess.Popen(
-                [*cli, "up", "--port", str(port), "--engine", f"sim={self.engine}",
-                 "--namespace", f"bench{port}", "--parser-workers", str(args.parser_workers),
-                 "--log-dir", str(self.log_dir), "--log-level", "WARNING"],
-                cwd=ROOT, stdout=up_log, stderr=subprocess.STDOUT))
-        self._wait_healthy(90.0)
-
-    def _wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            for name, proc in (("sim-engine", self.sim), ("chorus up", self.up)):
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited during start-up (code {proc.returncode}); "
-                                       f"see {self.log_dir}")
-            with contextlib.suppress(Exception), \
-                    urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the stack was not healthy after {timeout:.0f} s; "
-                                   f"see {self.log_dir}")
-            time.sleep(0.2)
-
-    def stop(self) -> None:
-        """`chorus up` (it stops its services) and the engine; then whatever lingers: services
-        of a `chorus up` that did not stop in time, by their pids."""
-        services = list(child_pids(self.up.pid)) if len(self.procs) > 1 else []
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:  # e.g. still starting up: stop its services too
-                services = sorted({*services, *child_pids(proc.pid)})
-                for pid in services:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGTERM)
-                proc.kill()
-                proc.wait()
-        deadline = time.monotonic() + 10
-        while (alive := [pid for pid in services if is_service(pid)]) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        for pid in alive:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------------------------- the runs
@@ -585,16 +280,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.requests, args.throughput_requests, args.throughput_tokens = 30, 20, 500
     return args
-
-
-def show_logs(log_dir: Path, lines: int = 15) -> None:
-    """The last lines of every non-empty log (the directory goes away unless --keep-logs)."""
-    for log in sorted(log_dir.glob("*")):
-        with contextlib.suppress(OSError):
-            tail = log.read_text(errors="replace").splitlines()[-lines:]
-            if tail:
-                print(f"--- {log.name} (last {len(tail)} lines)", file=sys.stderr)
-                print("\n".join(tail), file=sys.stderr)
 
 
 def _raise_interrupt(signum: int, _frame: object) -> None:

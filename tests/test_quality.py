@@ -1,12 +1,17 @@
-"""The code stays as STYLE.md asks: ruff-clean, and mypy-clean on contracts/ and services/."""
+"""The code stays as STYLE.md asks: ruff-clean, mypy-clean on contracts/ and services/, services
+that import only `contracts`, the shared helpers and themselves, and no giant modules."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+WIRING = {"services/cli.py", "services/supervisor.py"}  # they start the services: any may be imported
+MAX_LINES = 500
 
 
 def test_ruff() -> None:
@@ -19,3 +24,61 @@ def test_mypy() -> None:
     result = subprocess.run([sys.executable, "-m", "mypy", "contracts", "services"],
                             cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def imported_names(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, dotted name) of every import in a module, at any depth: ``import a.b`` gives
+    ``a.b``, ``from a import b`` gives ``a.b``; relative imports are resolved in the package."""
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = list(package[: len(package) - node.level + 1]) if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            for alias in node.names:
+                yield node.lineno, module if alias.name == "*" else f"{module}.{alias.name}"
+
+
+def allowed_first_party(rel: str) -> tuple[str, ...] | None:
+    """The `contracts`/`services` packages a module may import from (None: any)."""
+    parts = rel.split("/")
+    if parts[0] == "contracts":
+        return ("contracts",)
+    if rel in WIRING:
+        return None
+    if len(parts) > 2 and parts[1] != "common":  # services/<name>/...: its own service
+        return ("contracts", "services.common", f"services.{parts[1]}")
+    return ("contracts", "services.common")  # services/common/ and services/__init__.py
+
+
+def within(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_import_boundaries() -> None:
+    """contracts/ imports no service; a service imports `contracts`, `services.common` and
+    itself, never another service; only the wiring (cli.py, supervisor.py) imports them all."""
+    offences = []
+    for path in sorted([*(ROOT / "contracts").rglob("*.py"), *(ROOT / "services").rglob("*.py")]):
+        rel = path.relative_to(ROOT).as_posix()
+        allowed = allowed_first_party(rel)
+        if allowed is None:
+            continue
+        for line, name in imported_names(path):
+            first_party = within(name, "contracts") or within(name, "services")
+            if first_party and not any(within(name, prefix) for prefix in allowed):
+                offences.append(f"{rel}:{line} imports {name}")
+    assert not offences, "imports across service boundaries:\n" + "\n".join(offences)
+
+
+def test_module_size() -> None:
+    """Modules stay under MAX_LINES lines (STYLE.md: 100-400, split before 800)."""
+    too_long = []
+    for top in ("contracts", "services", "tests", "bench"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            lines = len(path.read_text().splitlines())
+            if lines >= MAX_LINES:
+                too_long.append(f"{path.relative_to(ROOT).as_posix()}: {lines} lines")
+    assert not too_long, f"modules of {MAX_LINES} lines or more:\n" + "\n".join(too_long)

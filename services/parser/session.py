@@ -2,48 +2,37 @@
 done, finished). Deterministic for a given token sequence, so a replacement worker can replay a
 request's tokens and produce the same events and ids.
 
-Structure: a token-level framing guard owns message boundaries and headers, because real
-gpt-oss output breaks Harmony's grammar in ways openai-harmony's parser either rejects
-(recipient before the channel, a repeated recipient, text after a terminator) or silently
-turns into user-visible text (``<|start|>``/``<|channel|>``/``<|endoftext|>`` inside content).
-The guard parses headers leniently (``recovery.parse_header``). Inside a message only ordinary
-tokens remain, so content is decoded the way openai-harmony's ``StreamableParser`` decodes it
-(token bytes, UTF-8, invalid sequences as U+FFFD), but a whole run of a batch's content tokens
-at once: a table lookup and one incremental UTF-8 decode instead of a parser call per token,
-and a character split across tokens or batches is held until it is whole. A call's arguments
-stream while they can still be valid JSON and are held from where they cannot
-(``arguments.ArgumentStream``), so the deltas of every item add up to its done text exactly.
-Every repair is named and counted; nothing in here raises on model output."""
+This module is the token side: a token-level framing guard that owns message boundaries and
+headers, because real gpt-oss output breaks Harmony's grammar in ways openai-harmony's parser
+either rejects (recipient before the channel, a repeated recipient, text after a terminator) or
+silently turns into user-visible text (``<|start|>``/``<|channel|>``/``<|endoftext|>`` inside
+content). The guard parses headers leniently (``recovery.parse_header``). Inside a message only
+ordinary tokens remain, so content is decoded the way openai-harmony's ``StreamableParser``
+decodes it (token bytes, UTF-8, invalid sequences as U+FFFD), but a whole run of a batch's
+content tokens at once: a table lookup and one incremental UTF-8 decode instead of a parser call
+per token, and a character split across tokens or batches is held until it is whole. What the
+decoded text becomes (output items, held text, streamed arguments, recovered tool calls) is
+``items.OutputItems``'s part. Every repair is named and counted; nothing in here raises on
+model output."""
 
 from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 import logging
 from codecs import utf_8_decode
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 from openai_harmony import HarmonyEncoding
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineFinishReason, EngineUsage
-from contracts.messages.items import (
-    FunctionCallItem,
-    ItemStatus,
-    MessageItem,
-    OutputItem,
-    ReasoningItem,
-)
 from contracts.messages.parse import (
     Failed,
     Finished,
     FinishReason,
-    ItemAdded,
     ItemDelta,
-    ItemDone,
     ParseEvent,
     Usage,
 )
@@ -59,18 +48,8 @@ from services.common.harmony import (
     VOCAB_FILE,
     ensure_vocabulary,
 )
-from services.parser.arguments import ArgumentStream
-from services.parser.recovery import (
-    UNOFFERED,
-    ControlTextFilter,
-    Header,
-    RecoveredCall,
-    map_recipient,
-    parse_header,
-    recover_tool_call,
-    strip_control_text,
-    strip_recipient,
-)
+from services.parser.items import OpenItem, OutputItems
+from services.parser.recovery import Header, parse_header, strip_recipient
 
 log = logging.getLogger("chorus.parser")
 
@@ -90,23 +69,10 @@ def token_bytes() -> tuple[bytes, ...]:
     return tuple(table)
 
 
-@dataclass(slots=True)
-class _Item:
-    index: int
-    kind: str  # reasoning | message | call
-    item: OutputItem
-    undecoded: bytes = b""  # the start of a character whose other bytes are still to come
-    text: list[str] = field(default_factory=list)
-    filter: ControlTextFilter = field(default_factory=ControlTextFilter)
-    hold: bool = False  # a final message that might be a misplaced tool call
-    decided: bool = False
-    announced: bool = False
-    arguments: ArgumentStream | None = None  # a call's arguments (sent while they can be valid JSON)
-    plain: bool = True  # text goes out as it comes (not held, not arguments)
-    recover: bool = True  # may hold a tool call written as text (not so for an unoffered call's body)
-
-
 class ParseSession:
+    """The parse of one generation: ``feed`` its token batches in order, then ``finish``; each
+    call returns the events it completed."""
+
     def __init__(
         self,
         encoding: HarmonyEncoding,
@@ -119,23 +85,16 @@ class ParseSession:
         self.enc = encoding
         self._bytes = token_bytes()
         self.request_id = request_id
-        self.turn = turn
-        self.tool_names = list(tool_names or [])
-        self.namespaces = list(namespaces or [])
-        self.tool_schemas = tool_schemas or {}
         self.recoveries: Counter[str] = Counter()
         self.tokens_seen = 0
         self.reasoning_tokens = 0
         self.batches_seen = 0
+        self._out = OutputItems(request_id, turn, list(tool_names or []), list(namespaces or []),
+                                tool_schemas or {}, self.recoveries)
         self._state = _HEADER  # the prompt ended with <|start|>assistant
         self._sections: dict[str, list[int]] = {"role": []}
         self._section = "role"
-        self._item: _Item | None = None
-        self._next_index = 0
-        self._calls = 0
-        self._events: list[ParseEvent] = []
-        self._delta_index = -1  # text for one item is gathered and sent as one ItemDelta per batch
-        self._delta_parts: list[str] = []
+        self._item: OpenItem | None = None
         self._finished = False
 
     # -- public ---------------------------------------------------------------------------
@@ -147,7 +106,7 @@ class ParseSession:
             0 <= token_ids[0] < FIRST_SPECIAL if n == 1 else max(token_ids) < FIRST_SPECIAL and min(token_ids) >= 0
         ):
             # the hot path: the whole batch is text inside an open message (nothing is pending
-            # between batches: every feed returns after _take)
+            # between batches: every feed returns after take)
             self.tokens_seen += n
             if entry.kind == "reasoning":
                 self.reasoning_tokens += n
@@ -165,8 +124,8 @@ class ParseSession:
                     sent = entry.arguments.feed(delta)
                     return [ItemDelta(output_index=entry.index, delta=sent)] if sent else []
             if delta:
-                self._text(entry, delta)
-            return self._take()
+                self._out.text(entry, delta)
+            return self._out.take()
         if self._finished:
             return []
         self.tokens_seen += n
@@ -182,7 +141,7 @@ class ParseSession:
                     j += 1
                 delta = self._content(token_ids[i:j])
                 if delta:
-                    self._text(self._item, delta)  # type: ignore[arg-type]
+                    self._out.text(self._item, delta)  # type: ignore[arg-type]
                 i = j
             else:
                 if self._state == _BETWEEN:
@@ -190,7 +149,7 @@ class ParseSession:
                     self._new_header()
                 self._sections[self._section].append(t)
                 i += 1
-        return self._take()
+        return self._out.take()
 
     def finish(
         self,
@@ -215,36 +174,16 @@ class ParseSession:
         if self.recoveries:
             log.warning("request %s: repaired model output: %s", self.request_id, dict(self.recoveries))
         if error is not None or finish_reason == "error":
-            self._push(Failed(error=error or BusError(code=ErrorCode.ENGINE_ERROR, message="the engine failed"),
-                              usage=u))
+            self._out.push(Failed(error=error or BusError(code=ErrorCode.ENGINE_ERROR, message="the engine failed"),
+                                  usage=u))
         else:
             reason: FinishReason = "stop" if finish_reason in (None, "error") else finish_reason
-            if reason == "stop" and self._calls:
+            if reason == "stop" and self._out.calls:
                 reason = "tool_calls"
-            self._push(Finished(finish_reason=reason, usage=u, recoveries=sorted(self.recoveries)))
-        return self._take()
+            self._out.push(Finished(finish_reason=reason, usage=u, recoveries=sorted(self.recoveries)))
+        return self._out.take()
 
     # -- framing --------------------------------------------------------------------------
-    def _take(self) -> list[ParseEvent]:
-        self._flush_delta()
-        events, self._events = self._events, []
-        return events
-
-    def _flush_delta(self) -> None:
-        if self._delta_parts:
-            self._events.append(ItemDelta(output_index=self._delta_index, delta="".join(self._delta_parts)))
-            self._delta_parts = []
-
-    def _push(self, event: ParseEvent) -> None:
-        self._flush_delta()
-        self._events.append(event)
-
-    def _delta(self, index: int, text: str) -> None:
-        if index != self._delta_index:
-            self._flush_delta()
-            self._delta_index = index
-        self._delta_parts.append(text)
-
     def _new_header(self) -> None:
         self._state = _HEADER
         self._sections = {"role": []}
@@ -293,7 +232,7 @@ class ParseSession:
                 self._open_message()
         elif t in TERMINATORS:
             if state == _CONTENT:
-                self._end_message(terminator=t)
+                self._end_message()
             elif state == _HEADER:
                 self._header_as_body("body_in_header")
                 self._state = _BETWEEN
@@ -341,16 +280,7 @@ class ParseSession:
             return
         self.recoveries[kind] += 1
         channel = header.channel if header.channel in ("analysis", "final") else "final"
-        self._complete_item(channel, body, incomplete)
-
-    def _complete_item(self, channel: str, text: str, incomplete: bool) -> None:
-        item = self._start_item(Header(channel=channel))
-        if incomplete and item.hold:  # cut off: no tool-call recovery, stream it as text
-            item.hold, item.plain = False, True
-            self._announce(item)
-        self._text(item, text)
-        self._item = item
-        self._end_message(incomplete=incomplete)
+        self._out.complete(channel, body, incomplete)
 
     def _open_message(self) -> None:
         header = self._header()
@@ -358,59 +288,15 @@ class ParseSession:
             self.recoveries["junk_in_header"] += 1
         if header.body:
             self.recoveries["text_before_header"] += 1
-            self._complete_item("final", header.body, incomplete=False)
-        self._item = self._start_item(header)
+            self._out.complete("final", header.body, incomplete=False)
+        self._item = self._out.open(header)
         self._state = _CONTENT
 
-    def _start_item(self, header: Header) -> _Item:
-        index = self._next_index
-        self._next_index += 1
-        recipient = map_recipient(header.recipient, self.tool_names, self.namespaces)
-        channel = header.channel
-        unoffered = recipient is not None and recipient.recovered == UNOFFERED
-        if unoffered:  # a call to a tool nobody offered is no tool call: its text stays text
-            self.recoveries[UNOFFERED] += 1
-            recipient = None
-        item: OutputItem
-        if recipient is not None:
-            if recipient.recovered:
-                self.recoveries[recipient.recovered] += 1
-            if channel != "commentary":
-                self.recoveries["tool_call_on_" + (channel or "no_channel")] += 1
-            self._calls += 1
-            item = FunctionCallItem(
-                id=self._id("fc", index), call_id=self._id("call", index), name=recipient.name,
-                namespace=recipient.namespace, arguments="", status="in_progress",
-            )
-            kind = "call"
-        elif channel == "analysis":
-            item = ReasoningItem(id=self._id("rs", index), text="", status="in_progress")
-            kind = "reasoning"
-        else:
-            if channel is None:
-                self.recoveries["unknown_channel" if header.unknown_channel else "missing_channel"] += 1
-            out_channel = "commentary" if channel == "commentary" else "final"
-            item = MessageItem(id=self._id("msg", index), role="assistant", content="",
-                               channel=out_channel, status="in_progress")
-            kind = "message"
-        entry = _Item(index=index, kind=kind, item=item)
-        if kind == "call":
-            entry.arguments, entry.plain = ArgumentStream(), False
-        elif unoffered:
-            entry.recover = False
-        elif kind == "message" and self.tool_names:
-            entry.hold, entry.plain = True, False
-        if not entry.hold:
-            self._announce(entry)
-        return entry
-
-    def _announce(self, entry: _Item) -> None:
-        entry.announced = True
-        self._push(ItemAdded(output_index=entry.index, item=entry.item))
-
-    def _id(self, prefix: str, index: int) -> str:
-        digest = hashlib.sha1(f"{self.request_id}:{self.turn}:{prefix}:{index}".encode()).hexdigest()[:24]
-        return f"{prefix}_{digest}"
+    def _end_message(self, incomplete: bool = False) -> None:
+        entry, self._item = self._item, None
+        self._state = _BETWEEN
+        if entry is not None:
+            self._out.close(entry, incomplete)
 
     # -- content --------------------------------------------------------------------------
     def _content(self, run: list[int]) -> str:
@@ -427,104 +313,3 @@ class ParseSession:
         delta, used = utf_8_decode(data, "replace", False)  # invalid bytes -> U+FFFD, as openai-harmony
         entry.undecoded = data[used:] if used < len(data) else b""
         return delta
-
-    def _text(self, entry: _Item, delta: str) -> None:
-        if entry.plain and "<" not in delta and not entry.filter.pending:
-            # plain text into a streamed item
-            entry.text.append(delta)
-            if entry.index == self._delta_index:
-                self._delta_parts.append(delta)
-            else:
-                self._delta(entry.index, delta)
-            return
-        before = entry.filter.removed
-        text = entry.filter.feed(delta)
-        if entry.filter.removed != before:
-            self.recoveries["control_text_removed"] += 1
-        if not text:
-            return
-        if entry.arguments is not None:
-            self._arguments(entry.index, entry.arguments, text)
-            return
-        entry.text.append(text)
-        if entry.hold and not entry.decided:
-            so_far = "".join(entry.text).lstrip()
-            if not so_far:
-                return
-            entry.decided = True
-            if so_far[0] in "{`":
-                return  # keep holding until the message ends
-            entry.hold, entry.plain = False, True
-            self._announce(entry)
-            self._delta(entry.index, "".join(entry.text))
-            return
-        if not entry.hold:
-            self._delta(entry.index, text)
-
-    def _arguments(self, index: int, arguments: ArgumentStream, text: str) -> None:
-        sent = arguments.feed(text)  # what can no longer change (services/parser/arguments.py)
-        if sent:
-            self._delta(index, sent)
-
-    def _end_message(self, terminator: int | None = None, incomplete: bool = False) -> None:
-        entry = self._item
-        self._item = None
-        self._state = _BETWEEN
-        if entry is None:
-            return
-        if entry.undecoded:  # the message ended inside a character: U+FFFD, as openai-harmony
-            self._text(entry, utf_8_decode(entry.undecoded, "replace", True)[0])
-        rest = entry.filter.flush()
-        if rest:
-            rest = strip_control_text(rest)
-            if rest and entry.arguments is not None:
-                self._arguments(entry.index, entry.arguments, rest)
-            elif rest:
-                entry.text.append(rest)
-                if entry.announced:
-                    self._delta(entry.index, rest)
-        text = "".join(entry.text)
-        status: ItemStatus = "incomplete" if incomplete else "completed"
-        item = entry.item
-        call = None
-        if entry.kind == "message" and entry.recover and self.tool_names and not incomplete and (
-                entry.hold or "{" in text):
-            call = recover_tool_call(text, self.tool_names, self.tool_schemas)
-            if call is not None and call.whole and entry.hold:  # the message was nothing but the call
-                self._emit_call(entry.index, call)
-                return
-        if entry.hold:  # a final message we held back: text (around a call, or no call at all)
-            if not text:  # nothing to show: its output index goes to the next item
-                if self._next_index == entry.index + 1:
-                    self._next_index = entry.index
-                return
-            self._announce(entry)
-            self._delta(entry.index, text)
-        if isinstance(item, ReasoningItem):
-            done: OutputItem = item.model_copy(update={"text": text, "status": status})
-        elif isinstance(item, FunctionCallItem):
-            args = entry.arguments
-            assert args is not None
-            arguments, repair = args.finish(incomplete)
-            if repair:
-                self.recoveries[repair] += 1
-            if len(arguments) > args.sent:  # what was held back, repaired: the sent text is its prefix
-                self._delta(entry.index, arguments[args.sent :])
-            done = item.model_copy(update={"arguments": arguments, "status": status})
-        else:
-            done = item.model_copy(update={"content": text, "status": status})
-        self._push(ItemDone(output_index=entry.index, item=done))
-        if call is not None:  # a call written inside an answer shown as text: the text stays, the call follows
-            self._emit_call(self._next_index, call)
-            self._next_index += 1
-
-    def _emit_call(self, index: int, call: RecoveredCall) -> None:
-        """A tool call recovered from text, as a complete function call item at ``index``."""
-        self.recoveries[call.kind] += 1
-        self._calls += 1
-        item = FunctionCallItem(id=self._id("fc", index), call_id=self._id("call", index), name=call.name,
-                                arguments=call.arguments, status="completed")
-        self._push(ItemAdded(output_index=index, item=item.model_copy(update={"arguments": "", "status": "in_progress"})))
-        if call.arguments:
-            self._delta(index, call.arguments)
-        self._push(ItemDone(output_index=index, item=item))

@@ -1,0 +1,175 @@
+"""The stack a benchmark measures, as processes: the simulated engine and `chorus up` in front of
+it (``Stack``), and what /proc tells of their processes: the Chorus services under `chorus up`,
+their CPU seconds and resident memory. Linux only (it reads /proc)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from services.common.infra import free_port  # noqa: E402
+
+SERVICES = ("gateway", "encoder", "dispatcher", "parser", "tools")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+
+
+def child_pids(parent: int) -> dict[int, str]:
+    """The processes whose parent is ``parent``, with their command lines."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                found[int(entry.name)] = proc_cmdline(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def is_service(pid: int) -> bool:
+    """Whether ``pid`` is (still) a `services.cli` process, not a zombie or a reused pid."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z" and "services.cli" in proc_cmdline(pid)
+    except (OSError, IndexError):
+        return False
+
+
+def chorus_services(up_pid: int) -> dict[int, str]:
+    """Children of `chorus up` running `serve gateway|encoder|dispatcher|parser|tools`."""
+    found: dict[int, str] = {}
+    for pid, cmd in child_pids(up_pid).items():
+        service = cmd.split("serve ", 1)[1].split()[0] if "serve " in cmd else ""
+        if service in SERVICES:
+            found[pid] = service
+    names: dict[int, str] = {}
+    counts: dict[str, int] = {}
+    for pid, service in sorted(found.items()):
+        counts[service] = counts.get(service, 0) + 1
+        same = sum(1 for s in found.values() if s == service)
+        names[pid] = f"{service}-{counts[service]}" if same > 1 else service
+    return names
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime (fields 14 and 15 of /proc/PID/stat) in seconds; NaN when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields[0] is field 3 (state)
+
+
+def rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+@dataclass
+class Stack:
+    """The simulated engine and `chorus up` in front of it, with their logs."""
+
+    log_dir: Path
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    base: str = ""
+    engine: str = ""
+
+    @property
+    def sim(self) -> subprocess.Popen[bytes]:
+        return self.procs[0]
+
+    @property
+    def up(self) -> subprocess.Popen[bytes]:
+        return self.procs[1]
+
+    def start(self, args: argparse.Namespace) -> None:
+        sim_port, port = free_port(), free_port()
+        self.engine = f"http://127.0.0.1:{sim_port}"
+        self.base = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(sim_port),
+               "CHORUS_SIM_PROTOCOL": "vllm", "CHORUS_SIM_TOKEN_DELAY_MS": "0",
+               "CHORUS_SIM_TOKENS_PER_CHUNK": str(args.tokens_per_chunk),
+               "CHORUS_SIM_LOG_LEVEL": "WARNING"}
+        cli = [sys.executable, "-m", "services.cli"]
+        with open(self.log_dir / "sim.log", "wb") as sim_log:
+            self.procs.append(subprocess.Popen([*cli, "serve", "sim-engine"], env=env, cwd=ROOT,
+                                               stdout=sim_log, stderr=subprocess.STDOUT))
+        with open(self.log_dir / "up.out", "wb") as up_log:
+            self.procs.append(subprocess.Popen(
+                [*cli, "up", "--port", str(port), "--engine", f"sim={self.engine}",
+                 "--namespace", f"bench{port}", "--parser-workers", str(args.parser_workers),
+                 "--log-dir", str(self.log_dir), "--log-level", "WARNING"],
+                cwd=ROOT, stdout=up_log, stderr=subprocess.STDOUT))
+        self._wait_healthy(90.0)
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            for name, proc in (("sim-engine", self.sim), ("chorus up", self.up)):
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited during start-up (code {proc.returncode}); "
+                                       f"see {self.log_dir}")
+            with contextlib.suppress(Exception), \
+                    urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the stack was not healthy after {timeout:.0f} s; "
+                                   f"see {self.log_dir}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """`chorus up` (it stops its services) and the engine; then whatever lingers: services
+        of a `chorus up` that did not stop in time, by their pids."""
+        services = list(child_pids(self.up.pid)) if len(self.procs) > 1 else []
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in reversed(self.procs):
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:  # e.g. still starting up: stop its services too
+                services = sorted({*services, *child_pids(proc.pid)})
+                for pid in services:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGTERM)
+                proc.kill()
+                proc.wait()
+        deadline = time.monotonic() + 10
+        while (alive := [pid for pid in services if is_service(pid)]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pid in alive:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def show_logs(log_dir: Path, lines: int = 15) -> None:
+    """The last lines of every non-empty log (the directory goes away unless --keep-logs)."""
+    for log in sorted(log_dir.glob("*")):
+        with contextlib.suppress(OSError):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            if tail:
+                print(f"--- {log.name} (last {len(tail)} lines)", file=sys.stderr)
+                print("\n".join(tail), file=sys.stderr)
+
