@@ -6,9 +6,12 @@ in it). Buckets follow vLLM's for the latency histograms."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+# every process's CPU seconds, resident memory and open files (labelled with its service and
+# instance when the gateway merges them): which service costs what, per replica
+ProcessCollector(registry=REGISTRY)
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
                 10.0, 20.0, 40.0, 80.0)

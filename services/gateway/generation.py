@@ -43,6 +43,7 @@ from contracts.messages.generate import (
 from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent
 from services.common.bus import Bus, BusFailure
 from services.common.heartbeat import Peers
+from services.common.metrics import BUS_HOP, RESUMES
 from services.common.telemetry import inject
 
 log = logging.getLogger("chorus.gateway.generation")
@@ -122,6 +123,14 @@ class Delivered:
         return out
 
 
+def resume_reason(reason: str) -> str:
+    """Why a generation was resumed, as a metric label with bounded values."""
+    for kind in ("parser", "dispatcher", "encoder", "engine"):
+        if kind in reason:
+            return kind
+    return "timeout" if "no answer" in reason else "other"
+
+
 def cut_short(events: list[ParseEvent], failure: Failed) -> list[ParseEvent]:
     """The batch of an attempt that failed and will be resumed, without the failure and without
     the items its parser closed because of it (``incomplete``): they are not done, the next
@@ -186,6 +195,7 @@ class Generation:
             elif isinstance(item, Interrupted) and not await self._resume(item.reason):
                 raise BusFailure(BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message=item.reason))
         self.accept_ms = (time.monotonic() - self.started) * 1000
+        BUS_HOP.labels("accepted").observe(self.accept_ms / 1000)
 
     async def _next(self, timeout: float) -> Incoming:
         """The next item of the current attempt (those of abandoned attempts are skipped). The
@@ -219,6 +229,7 @@ class Generation:
                         self.resumes, reason)
             return False
         self.resumes += 1
+        RESUMES.labels(resume_reason(reason)).inc()
         log.warning("request %s: resuming from %d output tokens (attempt %d): %s", self.request_id,
                     len(self.tokens), self.attempt + 1, reason)
         await self.owner.cancel(self.generation_id, "resumed")
@@ -246,6 +257,8 @@ class Generation:
             item = await self._next(timeout)
             failure: str | None = None
             if isinstance(item, ParsedBatch):
+                if not self.tokens and self.attempt == 0:  # the generation's first batch
+                    BUS_HOP.labels("first_batch").observe(time.monotonic() - self.started)
                 timeout = self.idle_timeout
                 events: list[ParseEvent] = []
                 batch: ParsedBatch | None = item

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.infra import ManagedProcess, free_port, wait_for_port
 
@@ -49,6 +50,13 @@ class RunningStack:
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=30)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of ``name`` in the gateway's /metrics that carry ``labels``."""
+        resp = httpx.get(f"{self.base_url}/metrics", timeout=30)
+        assert resp.status_code == 200, resp.text
+        return sum(s.value for family in text_string_to_metric_families(resp.text) for s in family.samples
+                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
 
     def engine_requests(self) -> list[dict]:
         assert self.engine_url

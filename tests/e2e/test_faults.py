@@ -124,9 +124,11 @@ def test_kill_one_parser_of_two(fault_stack: RunningStack, reference: dict[str, 
     fault_stack.wait_healthy()
     parsers = fault_stack.children("serve parser")
     assert len(parsers) == 2
+    resumed = fault_stack.metric("chorus_generation_resumes_total", reason="parser")
     got = asyncio.run(run_streams(fault_stack, api, lambda: kill(parsers[0])))
     check(got, reference[api])
     assert "resuming" in fault_stack.log("gateway")  # some streams were on the dead parser
+    assert fault_stack.metric("chorus_generation_resumes_total", reason="parser") > resumed
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])

@@ -18,6 +18,7 @@ from contracts.messages.items import (
     McpToolInfo,
 )
 from contracts.messages.tools import (
+    BUILTIN_URL_SCHEME,
     CallToolReply,
     CallToolRequest,
     ListToolsReply,
@@ -27,6 +28,7 @@ from contracts.messages.tools import (
     ToolsListed,
 )
 from services.common.bus import BusFailure
+from services.common.metrics import TOOL_CALLS
 from services.gateway.context import GatewayContext
 from services.gateway.responses.items import new_id
 from services.gateway.responses.request import (
@@ -151,9 +153,18 @@ async def call_tool(ctx: GatewayContext, request_id: str, server: McpServer, nam
             _CALL, timeout=timeout + 5, service="tools",
         )
     except BusFailure as exc:
+        TOOL_CALLS.labels(server_kind(server), "unavailable").inc()
         return ToolResult(error=exc.error.message)
     assert isinstance(result, ToolResult)
+    TOOL_CALLS.labels(server_kind(server), "ok" if result.error is None else "error").inc()
     return result
+
+
+def server_kind(server: McpServer) -> str:
+    """A metric label with bounded values: the built-in's name, or ``mcp`` for the servers
+    requests name (their labels are the caller's to choose)."""
+    url = server.server_url
+    return url.removeprefix(BUILTIN_URL_SCHEME) if url.startswith(BUILTIN_URL_SCHEME) else "mcp"
 
 
 async def run_builtin(ctx: GatewayContext, request_id: str, call: FunctionCallItem) -> FunctionCallOutputItem:

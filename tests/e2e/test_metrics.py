@@ -1,0 +1,80 @@
+"""The gateway's /metrics tells the truth for the whole stack: after real requests through
+`chorus up`, each family counts what happened, with samples from every service."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.e2e.conftest import MODEL, RunningStack, Stacks
+from tests.mcp_servers import serve_mcp
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def scrape(stack: RunningStack) -> Samples:
+    with stack.http() as http:
+        resp = http.get("/metrics")
+    assert resp.status_code == 200, resp.text
+    out: Samples = {}
+    for family in text_string_to_metric_families(resp.text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    return sum(v for got, v in samples.get(name, []) if all(got.get(k) == want for k, want in labels.items()))
+
+
+@pytest.fixture(scope="module")
+def metrics_stack(stacks: Stacks) -> Iterator[RunningStack]:
+    yield stacks.get("mcp")  # a stack with MCP egress to loopback allowed
+
+
+async def test_requests_tokens_and_latencies_for_both_apis(metrics_stack: RunningStack) -> None:
+    before = scrape(metrics_stack)
+    client = metrics_stack.async_client()
+    await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "metrics chat"}])
+    stream = await client.chat.completions.create(model=MODEL, stream=True,
+                                                  messages=[{"role": "user", "content": "metrics stream"}])
+    async for _ in stream:
+        pass
+    await client.responses.create(model=MODEL, input="metrics responses")
+    after = scrape(metrics_stack)
+
+    def grew(name: str, by: float = 1, **labels: str) -> None:
+        assert total(after, name, **labels) - total(before, name, **labels) >= by, (name, labels)
+
+    for api, n in (("chat", 2), ("responses", 1)):
+        grew("chorus_requests_total", n, api=api, model=MODEL)
+        grew("chorus_time_to_first_token_seconds_count", n, api=api, model=MODEL)
+        grew("chorus_request_duration_seconds_count", n, api=api, model=MODEL)
+        grew("chorus_inter_token_latency_seconds_count", n, api=api, model=MODEL)
+        grew("chorus_prompt_tokens_total", 10 * n, api=api, model=MODEL)
+        grew("chorus_output_tokens_total", 2 * n, api=api, model=MODEL)
+    grew("chorus_bus_hop_seconds_count", 3, hop="accepted")
+    grew("chorus_bus_hop_seconds_count", 3, hop="first_batch")
+    assert total(after, "chorus_requests_in_flight", api="chat") == 0
+    # every service of the stack answered the scrape with its own registry
+    services = {labels.get("service") for samples in after.values() for labels, _ in samples}
+    assert {"gateway", "encoder", "dispatcher", "parser", "tools"} <= services, services
+
+
+async def test_tool_calls_are_counted_by_outcome(metrics_stack: RunningStack) -> None:
+    before = scrape(metrics_stack)
+    client = metrics_stack.async_client()
+    tool = {"type": "mcp", "server_label": "t", "require_approval": "never"}
+    async with serve_mcp() as server:
+        ok = await client.responses.create(model=MODEL, input="Please add two numbers with add",
+                                           tools=[{**tool, "server_url": server.url}])
+        boom = await client.responses.create(model=MODEL, input="call boom now",
+                                             tools=[{**tool, "server_url": server.url}])
+    assert ok.status == boom.status == "completed"
+    after = scrape(metrics_stack)
+    for outcome in ("ok", "error"):
+        grown = total(after, "chorus_tool_calls_total", server="mcp", outcome=outcome) - \
+            total(before, "chorus_tool_calls_total", server="mcp", outcome=outcome)
+        assert grown == 1, (outcome, grown)
