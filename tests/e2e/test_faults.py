@@ -1,6 +1,7 @@
 """Process deaths under load: `chorus up` over real NATS and Redis, 8 streams in flight, one
 process killed with SIGKILL. Every stream must end with exactly the text an undisturbed run
-gives, and no stream may pause longer than 3 seconds.
+gives, and no stream may pause more than 5 seconds longer than the undisturbed run's longest
+pause (a death is noticed in about a second; the rest is allowance for a loaded machine).
 
 The simulated engine is deterministic (a resumed output continues the same script), so an
 undisturbed run of the same prompts is the reference."""
@@ -25,7 +26,7 @@ from services.gateway.store import RedisResponseStore
 from tests.e2e.conftest import MODEL, RunningStack, start_sim_engine, start_stack
 
 STREAMS = 8
-MAX_PAUSE_S = 3.0
+MAX_PAUSE_S = 5.0
 # ~300 answer tokens at 8 ms a token: a stream lasts about 2.5 s, long enough to be cut
 PROMPT = "Fault test {i} [[sim:tokens=300]] [[sim:delay_ms=8]]"
 

@@ -3,11 +3,14 @@ the test process, the whole stack from `chorus up`, the official openai client."
 
 from __future__ import annotations
 
+import asyncio
 import json
+import uuid
 from typing import Any
 
 import openai
 import pytest
+import redis.asyncio as aioredis
 
 from tests.e2e.conftest import MODEL, RunningStack, Stacks
 from tests.mcp_servers import hanging_server, serve_mcp, silent_port
@@ -213,3 +216,53 @@ async def test_builtin_browser_routed_to_mcp(stacks: Stacks) -> None:
 
 def mcp_stack_client(stacks: Stacks) -> openai.AsyncOpenAI:
     return stacks.get("builtin").async_client()
+
+
+async def test_mcp_credentials_are_used_and_never_echoed_logged_or_stored_in_clear(mcp_stack: RunningStack) -> None:
+    """The authorization and headers a client sends for an MCP server reach that server, and
+    nothing else: not the stored response, its input items, a background job in Redis, or any
+    service's log."""
+    token, key = f"tok-{uuid.uuid4().hex}", f"key-{uuid.uuid4().hex}"
+    client = mcp_stack.async_client()
+    async with serve_mcp() as server:
+        tool = _mcp(server.url, authorization=token, headers={"X-Api-Key": key})
+        resp = await client.responses.create(model=MODEL, input="Please add two numbers with add", tools=[tool])
+        queued = await client.responses.create(model=MODEL, input="Please add two numbers with add",
+                                               tools=[tool], background=True)
+        while queued.status in ("queued", "in_progress"):
+            await asyncio.sleep(0.1)
+            queued = await client.responses.retrieve(queued.id)
+    assert resp.status == queued.status == "completed"
+    assert f"Bearer {token}" in server.headers_seen("authorization")
+    assert key in server.headers_seen("x-api-key")
+    with mcp_stack.http() as http:
+        for rid in (resp.id, queued.id):
+            for path in (f"/v1/responses/{rid}", f"/v1/responses/{rid}/input_items"):
+                body = http.get(path).text
+                assert token not in body and key not in body, path
+    stored = await redis_values(mcp_stack)
+    assert stored and not [v for v in stored if token.encode() in v or key.encode() in v]
+    logs = "".join(p.read_text(errors="replace") for p in mcp_stack.log_dir.glob("*.log"))
+    assert token not in logs and key not in logs
+
+
+async def redis_values(stack: RunningStack) -> list[bytes]:
+    """Every value under the stack's namespace in Redis (strings, lists, sets, hashes, streams)."""
+    r = aioredis.from_url(stack.redis_url)
+    out: list[bytes] = []
+    try:
+        async for name in r.scan_iter(match=f"{stack.namespace}*", count=1000):
+            kind = (await r.type(name)).decode()
+            if kind == "string":
+                out.append(await r.get(name) or b"")
+            elif kind == "list":
+                out += await r.lrange(name, 0, -1)
+            elif kind == "set":
+                out += list(await r.smembers(name))
+            elif kind == "hash":
+                out += [k + b"=" + v for k, v in (await r.hgetall(name)).items()]
+            elif kind == "stream":
+                out += [b"".join(k + v for k, v in fields.items()) for _, fields in await r.xrange(name)]
+    finally:
+        await r.aclose()
+    return out

@@ -177,11 +177,13 @@ def output_item(item: ConversationItem, *, streaming_start: bool = False,
     status: Status = "in_progress" if streaming_start else getattr(item, "status", "completed")
     if isinstance(item, ReasoningItem):
         text = "" if streaming_start else item.text
-        return ResponseReasoningItem(
+        shown = ResponseReasoningItem(
             type="reasoning", id=item.id or "", status=status,
             summary=[Summary(type="summary_text", text=text)] if summary and text else [],
-            content=[] if streaming_start else [ReasoningText(type="reasoning_text", text=item.text)],
-            encrypted_content=seal(item.text) if seal is not None and not streaming_start else None)
+            content=[] if streaming_start else [ReasoningText(type="reasoning_text", text=item.text)])
+        if seal is None or streaming_start:
+            return shown  # no encrypted_content at all (the field is a string when present)
+        return shown.model_copy(update={"encrypted_content": seal(item.text)})
     if isinstance(item, MessageItem):
         content: list[ResponseOutputText | ResponseOutputRefusal] = [] if streaming_start else [
             ResponseOutputText(type="output_text", text=item.content, annotations=[], logprobs=[])]

@@ -10,7 +10,14 @@ from services.gateway.store import StoredResponse
 
 
 def dump(model: BaseModel) -> bytes:
-    """A typed API object as JSON, once, at the edge (fields never set are left out)."""
+    """A typed API object as JSON, once, at the edge (fields never set are left out). An event
+    carrying the response object (a few per response) writes it as the type it is (integer
+    timestamps), not as the field's declared type (openai-python's, float timestamps)."""
+    inner = getattr(model, "response", None)
+    if isinstance(inner, BaseModel):
+        body = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        body["response"] = orjson.loads(dump(inner))
+        return orjson.dumps(body)
     return model.model_dump_json(by_alias=True, exclude_unset=True).encode()
 
 

@@ -21,6 +21,17 @@ from services.gateway.responses.request import (
     ToolParam,
 )
 
+
+class ResponseObject(Response):
+    """openai-python's ``Response`` with its timestamps as the integers OpenAI sends (and the
+    Open Responses document requires): openai-python types them ``float``, which writes
+    ``1700000000.0``. Inside an event it is written as the event's declared ``Response`` (float
+    again) unless the dump passes ``serialize_as_any=True``."""
+
+    created_at: int
+    completed_at: int | None = None
+
+
 Status = Literal["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
 TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 DEFAULT_TEMPERATURE = 1.0  # gpt-oss's recommended sampling (and the engines' defaults)
@@ -55,10 +66,8 @@ def _text(req: ResponsesRequest) -> dict[str, Any]:
     fmt = req.text.format if req.text else None
     verbosity = (req.text.verbosity if req.text else None) or "medium"
     if isinstance(fmt, TextFormatJsonSchema):
-        out: dict[str, Any] = {"type": "json_schema", "name": fmt.name, "schema": fmt.schema_,
-                               "strict": bool(fmt.strict)}
-        if fmt.description:
-            out["description"] = fmt.description
+        out = {"type": "json_schema", "name": fmt.name, "description": fmt.description, "schema": fmt.schema_,
+               "strict": bool(fmt.strict)}  # description null when not given (always present)
         return {"format": out, "verbosity": verbosity}
     kind = "json_object" if isinstance(fmt, TextFormatJsonObject) else "text"
     return {"format": {"type": kind}, "verbosity": verbosity}
@@ -81,7 +90,7 @@ def build_response(
     usage: Usage | None,
     error: dict[str, str] | None = None,
     incomplete_reason: str | None = None,
-) -> Response:
+) -> ResponseObject:
     terminal = status in TERMINAL
     choice: Any = req.tool_choice or "auto"
     if isinstance(choice, NamedFunction):
@@ -89,7 +98,7 @@ def build_response(
     summary = None
     if req.reasoning is not None and req.reasoning.wants_summary:
         summary = req.reasoning.summary or req.reasoning.generate_summary
-    return Response.model_validate({
+    return ResponseObject.model_validate({
         "id": response_id,
         "object": "response",
         "created_at": created_at,
