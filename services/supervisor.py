@@ -3,12 +3,14 @@
 A child that dies is started again (at once the first time, then with a growing delay while it
 keeps dying soon after starting), with one log line each time; a death is never a reason to
 stop the stack. Stopping sends SIGTERM to the services first (they drain in parallel), then to
-the infrastructure they use (NATS, Redis), and kills whatever has not exited in time."""
+the infrastructure they use (NATS, Redis), and kills whatever has not exited in time.
+
+Every child runs in a session of its own, so a Ctrl-C at the terminal reaches ``chorus up``
+alone and the order above holds; each dies with ``chorus up`` even if that is killed outright."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import signal
 import subprocess
 import sys
@@ -17,16 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
+from services.common.infra import die_with_parent
+
 Kind = Literal["service", "infra"]
 
 STABLE_AFTER_S = 30.0  # a child that ran this long has its restart delay reset
 MAX_DELAY_S = 30.0
-
-
-def _set_pdeathsig() -> None:
-    """Children die with `chorus up` even if it is killed outright (Linux)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def service_args(service: str) -> list[str]:
@@ -53,7 +51,7 @@ class Child:
             self.proc = subprocess.Popen(
                 self.args, env=self.env, stdout=log or subprocess.DEVNULL,
                 stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
-                preexec_fn=_set_pdeathsig,
+                start_new_session=True, preexec_fn=die_with_parent,
             )
         finally:
             if log is not None:

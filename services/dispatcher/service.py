@@ -36,6 +36,7 @@ from services.dispatcher.engines.base import EngineFailure
 from services.dispatcher.engines.http import EngineHttp
 from services.dispatcher.engines.stream import EngineStream, open_stream
 from services.dispatcher.settings import Settings
+from services.dispatcher.tracing import EngineSpan
 from services.dispatcher.workers import (
     RoundRobin,
     SelectionPolicy,
@@ -192,25 +193,33 @@ class Dispatcher:
         assert self._events is not None and self.bus is not None
         self._events.put(self.bus.subjects.gateway_events(req.route.gateway), event)
 
-    def _writer(self, req: GenerateRequest) -> BatchWriter:
+    def _writer(self, req: GenerateRequest, span: EngineSpan) -> BatchWriter:
         assert self._tokens is not None and self.bus is not None
         subject = self.bus.subjects.parser_tokens(req.route.parser)
         tokens = self._tokens
-        return BatchWriter(lambda batch, urgent: tokens.put(subject, batch, urgent=urgent), req)
+
+        def put(batch: TokenBatch, urgent: bool) -> None:
+            span.batch(batch)
+            tokens.put(subject, batch, urgent=urgent)
+
+        return BatchWriter(put, req)
 
     async def _generate(self, active: Active) -> None:
         """Open, relay, end; never raises (the TaskGroup would cancel its siblings)."""
         req = active.request
-        writer = self._writer(req)
+        span = EngineSpan(req)
+        writer = self._writer(req, span)
         worker: Worker | None = None
         stream: EngineStream | None = None
         try:
             opened = await self._open_any(req)
             if isinstance(opened, BusError):
+                span.failed(opened)
                 self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher",
                                                  error=opened))
                 return
             worker, stream = opened
+            span.accepted(worker.url, worker.kind)
             self._tell(req, GenerationAccepted(
                 generation_id=req.generation_id, dispatcher=self.settings.instance_id,
                 worker=worker.url, engine=worker.kind,
@@ -228,9 +237,11 @@ class Dispatcher:
             if writer.opened:
                 writer.fail(error)
             else:
+                span.failed(error)
                 self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher",
                                                  error=error))
         finally:
+            span.end()
             if worker is not None:
                 worker.in_flight -= 1
             if stream is not None:

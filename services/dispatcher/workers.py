@@ -10,8 +10,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from contracts.messages.generate import GenerateRequest
@@ -22,6 +23,10 @@ from services.dispatcher.engines.sglang import Mode
 
 log = logging.getLogger("chorus.dispatcher.workers")
 
+# an engine that has not answered yet this soon after the dispatcher started is starting (an
+# engine started with the stack listens a moment later), not down: no warning, not reported
+START_GRACE_S = 5.0
+
 
 @dataclass(eq=False)
 class Worker:
@@ -31,20 +36,29 @@ class Worker:
     healthy: bool | None = None  # None until the first health poll
     in_flight: int = 0
     last_error: str = ""
+    reported: bool = False  # its being down was reported (a warning, and in the readiness detail)
+    since: float = field(default_factory=time.monotonic)  # created (the dispatcher's start)
+    ever_up: bool = False
 
     @property
     def usable(self) -> bool:
         return self.healthy is not False
 
     def mark_down(self, reason: str) -> None:
-        if self.healthy is not False:
+        starting = not self.ever_up and time.monotonic() - self.since < START_GRACE_S
+        if not self.reported and not starting:
             log.warning("engine worker %s is down: %s", self.url, reason)
+            self.reported = True
+        elif starting and self.healthy is None:
+            log.info("engine worker %s does not answer yet (starting?): %s", self.url, reason)
         self.healthy, self.last_error = False, reason
 
     def mark_up(self) -> None:
-        if self.healthy is False:
+        if self.reported:
             log.info("engine worker %s is back", self.url)
-        self.healthy, self.last_error = True, ""
+        elif not self.ever_up:
+            log.info("engine worker %s is up", self.url)
+        self.healthy, self.last_error, self.reported, self.ever_up = True, "", False, True
 
 
 def parse_workers(
@@ -132,7 +146,9 @@ def readiness(workers: Sequence[Worker]) -> tuple[bool, str]:
         return False, "no engine workers configured (CHORUS_ENGINES)"
     up = [w for w in workers if w.healthy]
     detail = f"{len(up)}/{len(workers)} engine workers up"
-    down = [f"{w.url}: {w.last_error}" for w in workers if w.healthy is False]
-    if down:
-        detail += "; " + "; ".join(down)
+    # a worker that fails in its first seconds "does not answer yet"; after, it "is down"
+    notes = [f"{w.url} is down: {w.last_error}" if w.reported else f"{w.url} does not answer yet: {w.last_error}"
+             for w in workers if w.healthy is False]
+    if notes:
+        detail += "; " + "; ".join(notes)
     return bool(up), detail

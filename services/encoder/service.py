@@ -16,12 +16,16 @@ import logging
 import time
 from collections import OrderedDict
 
+from opentelemetry.trace import Span, SpanKind
+
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.control import Cancel
 from contracts.messages.encode import EncodeRequest
 from contracts.messages.generate import EventFrame, GenerateJob, GenerateRequest, GenerationFailed
+from services.common import telemetry
 from services.common.bus import Bus, BusFailure
 from services.common.harmony import harmony_encoding
+from services.common.infra import worker_dies_with_parent
 from services.common.tokens import conversation_chars
 from services.encoder.render import EncodedPrompt, Renderer, RenderError
 from services.encoder.settings import Settings
@@ -46,8 +50,11 @@ def _warm(cutoff: str) -> None:
 
 
 def prompt_chars(req: EncodeRequest) -> int:
-    """About how many characters the conversation holds (deciding inline vs pool)."""
-    return len(req.instructions or "") + conversation_chars(req.items)
+    """About how many characters the prompt holds (deciding inline vs pool): the conversation,
+    the instructions, and the tools and response format (descriptions and schemas are text to
+    encode as well)."""
+    offered = req.model_dump_json(include={"tools", "namespaces", "response_format"})
+    return len(req.instructions or "") + conversation_chars(req.items) + len(offered)
 
 
 def context_error(prompt_tokens: int, max_tokens: int | None, context_length: int) -> BusError | None:
@@ -78,13 +85,17 @@ class Encoder:
 
     def start_pool(self) -> None:
         if self.settings.render_processes > 0:
-            self._pool = concurrent.futures.ProcessPoolExecutor(self.settings.render_processes)
+            # render processes die with the encoder, even when it is killed outright
+            self._pool = concurrent.futures.ProcessPoolExecutor(self.settings.render_processes,
+                                                                initializer=worker_dies_with_parent)
             for _ in range(self.settings.render_processes):
                 self._pool.submit(_warm, self.settings.knowledge_cutoff)
 
     def close(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            # waiting (for idle processes: a moment) leaves no pool thread behind for the
+            # interpreter's exit to race with (an OSError traceback on Python 3.11)
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     # handlers ---------------------------------------------------------------------------
     async def on_job(self, job: GenerateJob) -> None:
@@ -117,25 +128,35 @@ class Encoder:
         if self._given_up(job):
             log.info("generation %s: given up before rendering; dropped", job.generation_id)
             return
+        span = telemetry.child_span("render", job.trace, SpanKind.CONSUMER, **{
+            telemetry.GEN_AI_REQUEST_MODEL: job.encode.model, "chorus.generation_id": job.generation_id})
+        try:
+            await self._encode(job, span)
+        finally:
+            span.end()
+
+    async def _encode(self, job: GenerateJob, span: Span) -> None:
         try:
             prompt = await self._render(job)
         except RenderError as exc:
-            await self._fail(job, exc.error)
+            await self._fail(job, exc.error, span)
             return
         except TimeoutError:
             await self._fail(job, BusError(code=ErrorCode.TIMEOUT,
-                                           message="rendering the prompt took longer than the request allows"))
+                                           message="rendering the prompt took longer than the request allows"), span)
             return
         except Exception as exc:  # noqa: BLE001 - never leave the gateway without an answer
             log.exception("generation %s: rendering failed", job.generation_id)
             await self._fail(job, BusError(code=ErrorCode.INTERNAL, message="rendering the prompt failed",
-                                           retryable=isinstance(exc, concurrent.futures.BrokenExecutor)))
+                                           retryable=isinstance(exc, concurrent.futures.BrokenExecutor)), span)
             return
+        span.set_attribute("chorus.prompt_tokens", len(prompt.token_ids))
+        span.set_attribute("chorus.render_ms", prompt.render_ms)
         if self._given_up(job):
             return
         too_long = context_error(len(prompt.token_ids), job.sampling.max_tokens, self.settings.context_length)
         if too_long is not None:
-            await self._fail(job, too_long)
+            await self._fail(job, too_long, span)
             return
         request = GenerateRequest(
             generation_id=job.generation_id,
@@ -154,7 +175,7 @@ class Encoder:
         try:
             await self.bus.publish(self.bus.subjects.generate, request)
         except BusFailure as exc:
-            await self._fail(job, exc.error)
+            await self._fail(job, exc.error, span)
 
     async def _render(self, job: GenerateJob) -> EncodedPrompt:
         today = dt.date.today()
@@ -166,7 +187,8 @@ class Encoder:
         async with asyncio.timeout(remaining):
             return await loop.run_in_executor(self._pool, _render, job.encode, today, cutoff)
 
-    async def _fail(self, job: GenerateJob, error: BusError) -> None:
+    async def _fail(self, job: GenerateJob, error: BusError, span: Span) -> None:
+        telemetry.failed(span, error.code.value, error.message)
         failed = GenerationFailed(generation_id=job.generation_id, stage="encoder", error=error)
         await self.bus.publish(self.bus.subjects.gateway_events(job.route.gateway),
                                EventFrame(events=[failed]))

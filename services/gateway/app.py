@@ -21,7 +21,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from contracts.errors import BusError, ErrorCode
 from contracts.subjects import SERVICES
 from services.common.bus import BusFailure
-from services.common.runtime import Runtime, setup_logging
+from services.common.logs import setup_logging
+from services.common.runtime import Runtime
 from services.gateway import conversations, stack_metrics
 from services.gateway.chat.routes import router as chat_router
 from services.gateway.context import GatewayContext, get_ctx
@@ -135,8 +136,9 @@ def build_app(settings: Settings) -> FastAPI:
         except Exception as exc:  # noqa: BLE001 - reported, not raised
             ok = False
             status["redis"] = {"ready": False, "detail": str(exc)}
-        return JSONResponse({"status": "ok" if ok else "unavailable", "services": status},
-                            status_code=200 if ok else 503)
+        # the namespace tells `chorus up` that this gateway is its own (not another stack's)
+        return JSONResponse({"status": "ok" if ok else "unavailable", "namespace": settings.namespace,
+                             "services": status}, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -166,6 +168,7 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     config = uvicorn.Config(
         build_app(settings), host=settings.host, port=settings.port,
         log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+        log_config=None,  # uvicorn's lines go through this process's logging (text or JSON)
     )
     server = uvicorn.Server(config)
     if stop is None:

@@ -8,10 +8,12 @@
 - one log line per request (method, path, status, duration, request id, and what the route
   added: model, tokens, worker, the reason of a rejection);
 - anything unexpected becomes an OpenAI-shaped 500 that names no internals, and the connection
-  stays usable (nothing is re-raised to the server)."""
+  stays usable (nothing is re-raised to the server); once a response has started (a stream),
+  it is ended properly instead, an SSE stream with an ``error`` event a client can read."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
@@ -63,13 +65,17 @@ class Edge:
         scope.setdefault("state", {})
         scope["state"]["notes"] = notes  # routes add model, tokens, worker, reason
         scope["state"]["request_id"] = request_id
-        status = {"code": 0, "started": False}
+        status = {"code": 0, "started": False, "ended": False, "sse": False}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"], status["started"] = message["status"], True
+                status["sse"] = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                                    for k, v in message.get("headers", []))
                 message = {**message, "headers": [*message.get("headers", []),
                                                    (b"x-request-id", request_id.encode("latin-1"))]}
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                status["ended"] = True
             await send(message)
 
         try:
@@ -89,9 +95,13 @@ class Edge:
         except Exception:  # noqa: BLE001 - the edge of last resort: never a bare 500 or a dropped connection
             log.exception("request %s failed", request_id)
             notes["reason"] = "internal error"
+            internal = error_body(ErrorCode.INTERNAL, "The server failed to answer this request; it has been logged.")
             if not status["started"]:
-                await self._answer(send_with_id, 500, error_body(
-                    ErrorCode.INTERNAL, "The server failed to answer this request; it has been logged."))
+                await self._answer(send_with_id, 500, internal)
+            elif not status["ended"]:  # a stream broke off: end it, so the connection stays usable
+                last = b"event: error\ndata: " + internal + b"\n\n" if status["sse"] else b""
+                with contextlib.suppress(Exception):  # the client may be gone
+                    await send_with_id({"type": "http.response.body", "body": last, "more_body": False})
         finally:
             self._log(scope, status["code"], time.monotonic() - started, request_id, notes)
 
@@ -161,6 +171,6 @@ class Edge:
             return  # probes and scrapes: not one line each
         extra = " ".join(f"{k}={v}" for k, v in notes.items() if v is not None)
         log.info("%s %s %s %.1fms request_id=%s %s", scope.get("method", ""), path, status, seconds * 1000,
-                 request_id, extra, extra={"request": {"method": scope.get("method"), "path": path,
+                 request_id, extra, extra={"request_id": request_id, "request": {"method": scope.get("method"), "path": path,
                                                        "status": status, "ms": round(seconds * 1000, 1),
                                                        "request_id": request_id, **notes}})

@@ -4,17 +4,22 @@
     ... seen.first_output() when the first text goes out ...
     seen.finish(outcome="stop", usage=usage, finish_reasons=["stop"], worker=...)
 
-The span follows the OpenTelemetry GenAI semantic conventions and is the parent of the
-generation's bus messages (their trace context travels in the job)."""
+The span follows the OpenTelemetry GenAI semantic conventions (``chat {model}`` for both APIs,
+``chorus.api`` tells them apart). It joins the HTTP request's trace (see ``_parent``) and is
+the parent of the generation's bus messages (their trace context travels in the job) and of
+the tool calls (``current``)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import Request
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind
 
 from contracts.messages.parse import Usage
 from services.common import metrics, telemetry
@@ -35,18 +40,15 @@ class Observed:
     def start(cls, request: Request | None, *, api: str, model: str, request_id: str, stream: bool,
               max_tokens: int | None = None, temperature: float | None = None,
               top_p: float | None = None) -> Observed:
-        operation = "chat" if api == "chat" else "responses"
         attributes: dict[str, Any] = {
-            telemetry.GEN_AI_OPERATION: operation, telemetry.GEN_AI_SYSTEM: "openai",
-            telemetry.GEN_AI_REQUEST_MODEL: model, telemetry.GEN_AI_RESPONSE_ID: request_id,
-            "chorus.api": api, "chorus.stream": stream,
+            telemetry.GEN_AI_OPERATION: "chat", telemetry.GEN_AI_PROVIDER_NAME: "openai",
+            telemetry.GEN_AI_SYSTEM: "openai", telemetry.GEN_AI_REQUEST_MODEL: model,
+            telemetry.GEN_AI_RESPONSE_MODEL: model, telemetry.GEN_AI_RESPONSE_ID: request_id,
+            telemetry.GEN_AI_REQUEST_MAX_TOKENS: max_tokens, telemetry.GEN_AI_REQUEST_TEMPERATURE: temperature,
+            telemetry.GEN_AI_REQUEST_TOP_P: top_p, telemetry.GEN_AI_REQUEST_STREAM: stream,
+            "chorus.api": api,
         }
-        for key, value in ((telemetry.GEN_AI_REQUEST_MAX_TOKENS, max_tokens),
-                           (telemetry.GEN_AI_REQUEST_TEMPERATURE, temperature),
-                           (telemetry.GEN_AI_REQUEST_TOP_P, top_p)):
-            if value is not None:
-                attributes[key] = value
-        span = telemetry.tracer().start_span(f"{operation} {model}", kind=SpanKind.INTERNAL, attributes=attributes)
+        span = telemetry.child_span(f"chat {model}", *_parent(request), **attributes)
         notes: dict[str, Any] = {}
         if request is not None:
             notes = request.state.notes if hasattr(request.state, "notes") else {}
@@ -57,7 +59,8 @@ class Observed:
     def first_output(self) -> None:
         if self.first is None:
             self.first = time.monotonic()
-            self.span.add_event("first_token")
+            self.span.add_event(telemetry.FIRST_TOKEN)
+            self.span.set_attribute(telemetry.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, self.first - self.started)
             metrics.TIME_TO_FIRST_TOKEN.labels(self.api, self.model).observe(self.first - self.started)
 
     def finish(self, *, outcome: str, usage: Usage | None = None, finish_reasons: list[str] | None = None,
@@ -89,6 +92,26 @@ class Observed:
             self.notes["ttft_ms"] = round((self.first - self.started) * 1000, 1)
         self.notes["outcome"] = outcome
         if error is not None:
-            span.set_status(Status(StatusCode.ERROR, error))
+            telemetry.failed(span, outcome, error)
             self.notes["reason"] = error
         span.end()
+
+
+def _parent(request: Request | None) -> tuple[Span | Mapping[str, str] | None, SpanKind]:
+    """Where the request's span hangs: under the HTTP framework's span when it made one
+    current (FastAPI's own telemetry, an ASGI instrumentation), else under the client's
+    ``traceparent`` as the server span, else at the root of a new trace. A request that is not
+    an HTTP call (a WebSocket message, a background run) starts a trace of its own."""
+    if request is None:
+        return None, SpanKind.SERVER
+    ambient = trace.get_current_span()
+    if ambient.get_span_context().is_valid:
+        return ambient, SpanKind.INTERNAL
+    return request.headers, SpanKind.SERVER
+
+
+@contextlib.contextmanager
+def current(observed: Observed | None) -> Iterator[None]:
+    """The request's span as the current one inside (the tool calls' NATS headers carry it)."""
+    with telemetry.current(observed.span if observed is not None else None):
+        yield

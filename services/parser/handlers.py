@@ -12,6 +12,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from opentelemetry.trace import Span, SpanKind
+
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.control import Cancel
 from contracts.messages.generate import (
@@ -22,6 +24,7 @@ from contracts.messages.generate import (
     TokenFrame,
 )
 from contracts.messages.parse import Failed, ItemDelta, ParseEvent
+from services.common import telemetry
 from services.common.bus import Bus, Outboxes
 from services.common.harmony import harmony_encoding
 from services.common.metrics import RECOVERIES
@@ -34,6 +37,7 @@ log = logging.getLogger("chorus.parser")
 class _Open:
     session: ParseSession
     gateway: str  # instance id of the owning gateway
+    span: Span  # the session, from its first batch to its end
     offset: int = 0  # tokens parsed so far
     unsent: list[int] = field(default_factory=list)  # parsed tokens not yet sent with events
     unsent_from: int = 0  # offset of unsent[0]
@@ -72,7 +76,9 @@ class Sessions:
             await self._out.forget(self.bus.subjects.gateway_events(instance))
 
     def _drop(self, gid: str) -> None:
-        self._open.pop(gid, None)
+        entry = self._open.pop(gid, None)
+        if entry is not None:
+            entry.span.end()
         if not self._open:
             self.idle.set()
 
@@ -90,7 +96,9 @@ class Sessions:
             spec = batch.open
             session = ParseSession(harmony_encoding(), spec.request_id, spec.tool_names, spec.namespaces,
                                    spec.tool_schemas, spec.turn)
-            entry = self._open[gid] = _Open(session, batch.gateway)
+            span = telemetry.child_span("parse", batch.trace, SpanKind.CONSUMER,
+                                        **{"chorus.generation_id": gid, "chorus.turn": spec.turn})
+            entry = self._open[gid] = _Open(session, batch.gateway, span)
             self.idle.clear()
         entry.touched = time.monotonic()
         ids = batch.token_ids
@@ -98,9 +106,10 @@ class Sessions:
             ids = ids[entry.offset - batch.offset:]
         elif batch.offset > entry.offset:
             log.warning("generation %s: tokens %d..%d never arrived", gid, entry.offset, batch.offset)
-            self._end(gid, entry, [Failed(error=BusError(
-                code=ErrorCode.SERVICE_UNAVAILABLE, message="tokens were lost on the way to the parser",
-                retryable=True))])
+            lost = BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message="tokens were lost on the way to the parser",
+                            retryable=True)
+            telemetry.failed(entry.span, lost.code.value, lost.message)
+            self._end(gid, entry, [Failed(error=lost)])
             return
         events = entry.session.feed(ids) if ids else []
         if not entry.unsent:
@@ -111,6 +120,10 @@ class Sessions:
             events += entry.session.finish(batch.finish_reason, batch.usage, batch.error)
             for kind, n in entry.session.recoveries.items():
                 RECOVERIES.labels(kind).inc(n)
+            entry.span.set_attributes({"chorus.output_tokens": entry.offset,
+                                       "chorus.recoveries": sum(entry.session.recoveries.values())})
+            if batch.finish_reason is not None:
+                entry.span.set_attribute(telemetry.GEN_AI_RESPONSE_FINISH_REASONS, [batch.finish_reason])
             self._end(gid, entry, events)
         elif events:
             self._send(gid, entry, events)

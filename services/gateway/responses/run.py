@@ -41,7 +41,7 @@ from services.gateway import structured
 from services.gateway.context import GatewayContext
 from services.gateway.errors import STORAGE_DOWN, ApiError, invalid, not_found, public
 from services.gateway.generation import Generation, GenerationSpec, Replayed
-from services.gateway.observe import Observed
+from services.gateway.observe import Observed, current
 from services.gateway.responses.compaction import estimated_tokens, summarize, visible
 from services.gateway.responses.events import Event, EventWriter, ItemView, Output
 from services.gateway.responses.items import Unseal, input_items, new_id
@@ -257,11 +257,13 @@ class ResponseRun:
         first = 0
         if resume is not None and resume.checkpoint is not None and resume.checkpoint.turn > 0:
             first = resume.checkpoint.turn
-            await self.tools.relist()  # what the tools are, without new listing items
+            with current(self.observed):
+                await self.tools.relist()  # what the tools are, without new listing items
             self.restore(resume.checkpoint)
             prelude: list[Event] = []
         else:
-            prelude = await self.tools.prelude(w, self.prepared.context, self.prepared.inputs)
+            with current(self.observed):  # the tool calls' spans belong to this request's trace
+                prelude = await self.tools.prelude(w, self.prepared.context, self.prepared.inputs)
         if self.tools.mcp is not None:
             self.view.mcp_labels = frozenset(self.tools.labels)
             self.view.needs_approval = self.tools.mcp.needs_approval
@@ -310,7 +312,8 @@ class ResponseRun:
                     turn_span.end()
             if self.status != "in_progress":
                 break
-            again, events = await self.tools.after_turn(w)
+            with current(self.observed):
+                again, events = await self.tools.after_turn(w)
             if events:
                 yield Step(events, turn=turn)
             if not again:
@@ -339,7 +342,8 @@ class ResponseRun:
             type="response.compaction.compacting", item_id=item_id, output_index=index, sequence_number=w.seq())]
         try:
             summary, usage = await summarize(self.ctx, model=self.request.model, items=visible(self.conversation()),
-                                             instructions=self.request.instructions, request_id=item_id)
+                                             instructions=self.request.instructions, request_id=item_id,
+                                             trace=telemetry.carrier_of(self.observed.span) if self.observed else None)
         except (ApiError, BusFailure) as exc:
             self.fail(f"Compacting the conversation failed: {public(exc.error).message}")
             return
