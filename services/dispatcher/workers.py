@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from contracts.messages.generate import GenerateRequest
+from services.common.metrics import WORKER_IN_FLIGHT, WORKER_UP
 from services.dispatcher.engines import make_adapter
 from services.dispatcher.engines.base import EngineAdapter
 from services.dispatcher.engines.http import EngineHttp, HttpError
@@ -34,7 +35,7 @@ class Worker:
     kind: str  # vllm | sglang | sim (as configured)
     adapter: EngineAdapter
     healthy: bool | None = None  # None until the first health poll
-    in_flight: int = 0
+    _in_flight: int = 0
     last_error: str = ""
     reported: bool = False  # its being down was reported (a warning, and in the readiness detail)
     since: float = field(default_factory=time.monotonic)  # created (the dispatcher's start)
@@ -44,6 +45,16 @@ class Worker:
     def usable(self) -> bool:
         return self.healthy is not False
 
+    @property
+    def in_flight(self) -> int:
+        """Generations streaming from this worker now (also the metric of the same name)."""
+        return self._in_flight
+
+    @in_flight.setter
+    def in_flight(self, n: int) -> None:
+        self._in_flight = n
+        WORKER_IN_FLIGHT.labels(self.url).set(n)
+
     def mark_down(self, reason: str) -> None:
         starting = not self.ever_up and time.monotonic() - self.since < START_GRACE_S
         if not self.reported and not starting:
@@ -52,6 +63,7 @@ class Worker:
         elif starting and self.healthy is None:
             log.info("engine worker %s does not answer yet (starting?): %s", self.url, reason)
         self.healthy, self.last_error = False, reason
+        WORKER_UP.labels(self.url, self.kind).set(0)
 
     def mark_up(self) -> None:
         if self.reported:
@@ -59,6 +71,7 @@ class Worker:
         elif not self.ever_up:
             log.info("engine worker %s is up", self.url)
         self.healthy, self.last_error, self.reported, self.ever_up = True, "", False, True
+        WORKER_UP.labels(self.url, self.kind).set(1)
 
 
 def parse_workers(

@@ -168,6 +168,9 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     config = uvicorn.Config(
         build_app(settings), host=settings.host, port=settings.port,
         log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+        # longer than clients keep idle connections (httpx: 5 s), so a client never sends on a
+        # connection the server is closing at that moment (a connection error, not retried)
+        timeout_keep_alive=75,
         log_config=None,  # uvicorn's lines go through this process's logging (text or JSON)
     )
     server = uvicorn.Server(config)

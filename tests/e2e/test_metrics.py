@@ -58,6 +58,9 @@ async def test_requests_tokens_and_latencies_for_both_apis(metrics_stack: Runnin
     grew("chorus_bus_hop_seconds_count", 3, hop="accepted")
     grew("chorus_bus_hop_seconds_count", 3, hop="first_batch")
     assert total(after, "chorus_requests_in_flight", api="chat") == 0
+    # the dispatcher's view of its engine: up, and nothing streaming once the answers are in
+    assert [v for labels, v in after["chorus_engine_worker_up"] if labels["engine"] == "sim"] == [1]
+    assert [v for _, v in after["chorus_engine_worker_in_flight"]] == [0]
     # every service of the stack answered the scrape with its own registry
     services = {labels.get("service") for samples in after.values() for labels, _ in samples}
     assert {"gateway", "encoder", "dispatcher", "parser", "tools"} <= services, services
