@@ -21,8 +21,9 @@ from contracts.messages.parse import Failed, Finished, ItemDone, Usage
 from services.common.tokens import conversation_chars
 from services.gateway.context import GatewayContext
 from services.gateway.edge import ApiRequest
-from services.gateway.errors import ApiError, invalid, not_found
+from services.gateway.errors import ApiError, invalid
 from services.gateway.generation import GenerationSpec
+from services.gateway.responses.context import load_context, referenced
 from services.gateway.responses.items import Unseal, input_item, input_items, new_id, output_item
 from services.gateway.responses.request import InputItem, ReasoningParam, Text
 from services.gateway.responses.response import usage_of
@@ -117,14 +118,8 @@ async def compact(ctx: GatewayContext, req: CompactRequest, store: ResponseStore
     its user messages are input messages, which openai-python's output union cannot type)."""
     assert req.model is not None
     ctx.check_model(req.model)
-    context: list[ConversationItem] = []
-    if req.previous_response_id:
-        history = await store.history(req.previous_response_id)
-        if history is None:
-            raise not_found(f"Previous response with id '{req.previous_response_id}' not found.",
-                            "previous_response_id")
-        context = history
-    items = [*context, *input_items(req.input, {}, unseal)]
+    context = await load_context(store, req.previous_response_id)
+    items = [*context, *input_items(req.input, await referenced(store, req.input), unseal)]
     compaction_id = new_id("cmp")
     summary, usage = await summarize(ctx, model=req.model, items=items, instructions=req.instructions,
                                      request_id=compaction_id)

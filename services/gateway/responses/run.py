@@ -39,14 +39,14 @@ from services.common import telemetry
 from services.common.bus import BusFailure
 from services.gateway import structured
 from services.gateway.context import GatewayContext
-from services.gateway.errors import STORAGE_DOWN, ApiError, invalid, not_found, public
+from services.gateway.errors import STORAGE_DOWN, ApiError, invalid, public
 from services.gateway.generation import Generation, GenerationSpec, Replayed
 from services.gateway.observe import Observed, current
 from services.gateway.responses.compaction import estimated_tokens, summarize, visible
+from services.gateway.responses.context import load_context, referenced
 from services.gateway.responses.events import Event, EventWriter, ItemView, Output
 from services.gateway.responses.items import Unseal, input_items, new_id
 from services.gateway.responses.request import (
-    ItemReferenceInput,
     NamedFunction,
     ResponsesRequest,
     TextFormatJsonObject,
@@ -120,27 +120,9 @@ async def prepare(ctx: GatewayContext, req: ResponsesRequest, store: ResponseSto
     if req.stored or req.background or req.previous_response_id or req.conversation_id:
         await store.ping()  # storage is needed: a 503 now, not after the generation ran
     if context is None:
-        context = []
-        if req.previous_response_id:
-            history = await store.history(req.previous_response_id)
-            if history is None:
-                raise not_found(f"Previous response with id '{req.previous_response_id}' not found "
-                                "(it may have been deleted, expired, or created with store: false).",
-                                "previous_response_id")
-            context = history
-        elif req.conversation_id:
-            if await store.get_conversation(req.conversation_id) is None:
-                raise not_found(f"Conversation with id '{req.conversation_id}' not found.", "conversation")
-            context = await store.conversation_items(req.conversation_id)
-    references: dict[str, ConversationItem] = {}
-    if isinstance(req.input, list):
-        for entry in req.input:
-            if isinstance(entry, ItemReferenceInput):
-                item = await store.get_item(entry.id)
-                if item is not None:
-                    references[entry.id] = item
+        context = await load_context(store, req.previous_response_id, req.conversation_id)
     return Prepared(req, new_id("resp"), int(time.time()), context,
-                    input_items(req.input, references, unseal), store)
+                    input_items(req.input, await referenced(store, req.input), unseal), store)
 
 
 @dataclass
