@@ -39,6 +39,8 @@ class SamplingParams(Contract):
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    presence_penalty: float | None = None  # [-2, 2], as vLLM and SGLang check it
+    frequency_penalty: float | None = None  # [-2, 2]
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
     constraint: OutputConstraint | None = None

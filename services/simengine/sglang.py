@@ -46,6 +46,8 @@ class SamplingParams(BaseModel):
     stop: str | list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     ignore_eos: bool = False
@@ -116,6 +118,10 @@ def _verify(sp: SamplingParams) -> None:
         raise SimRequestError(400, f"temperature must be a non-negative finite number, got {sp.temperature}.")
     if sp.top_p is not None and not 0.0 < sp.top_p <= 1.0:
         raise SimRequestError(400, f"top_p must be in (0, 1], got {sp.top_p}.")
+    for name in ("frequency_penalty", "presence_penalty"):
+        value = getattr(sp, name)
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise SimRequestError(400, f"{name} must be in [-2, 2], got {value}.")
     if sp.max_new_tokens is not None and sp.max_new_tokens < 0:
         raise SimRequestError(400, f"max_new_tokens must be at least 0, got {sp.max_new_tokens}.")
     if sum(g is not None for g in (sp.json_schema, sp.regex, sp.ebnf)) > 1:

@@ -91,6 +91,8 @@ class CompletionBody(BaseModel):
     request_id: str | None = None
     temperature: float | None = None
     top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     structured_outputs: StructuredOutputs | None = None
@@ -125,6 +127,10 @@ def checks(body: CompletionBody, settings: Settings) -> Check:
                            f"has {n} input tokens ({wanted} > {limit} - {n}).", "max_tokens", wanted)
         if wanted is not None and wanted < 1:
             raise _invalid(f"max_tokens must be at least 1, got {wanted}.", "max_tokens", wanted)
+        for name in ("presence_penalty", "frequency_penalty"):  # vLLM's SamplingParams._verify_args
+            value = getattr(body, name)
+            if value is not None and not -2.0 <= value <= 2.0:
+                raise _invalid(f"{name} must be in [-2, 2], got {value}.", name, value)
         bad = max(prompt)
         if bad >= settings.vocab_size or min(prompt) < 0:
             raise _invalid(f"Token id {bad if bad >= settings.vocab_size else min(prompt)} is out of vocabulary")

@@ -24,7 +24,8 @@ REQ = GenerateRequest(
     generation_id="r1", model="openai/gpt-oss-20b", prompt_token_ids=[1, 2, 3],
     stop_token_ids=[RETURN, CALL], parse=ParseSpec(request_id="r1"),
     route=Route(gateway="g", parser="p"), deadline=2e9,
-    sampling=SamplingParams(temperature=0.5, top_p=0.9, seed=7, stop=["END"]),
+    sampling=SamplingParams(temperature=0.5, top_p=0.9, presence_penalty=0.5, frequency_penalty=-0.25, seed=7,
+                            stop=["END"]),
 )
 
 
@@ -34,7 +35,8 @@ def test_vllm_body_is_the_reference_shape() -> None:
         "model": "openai/gpt-oss-20b", "prompt": [1, 2, 3], "max_tokens": None, "stream": True,
         "stream_options": {"include_usage": True}, "return_token_ids": True,
         "skip_special_tokens": False, "stop_token_ids": [RETURN, CALL], "request_id": "r1",
-        "temperature": 0.5, "top_p": 0.9, "seed": 7, "stop": ["END"],
+        "temperature": 0.5, "top_p": 0.9, "presence_penalty": 0.5, "frequency_penalty": -0.25, "seed": 7,
+        "stop": ["END"],
     }
 
 
@@ -49,6 +51,7 @@ def test_sglang_body_always_sets_max_new_tokens() -> None:
     assert sp["stop_token_ids"] == [RETURN, CALL]
     assert sp["skip_special_tokens"] is False and sp["no_stop_trim"] is True
     assert (sp["temperature"], sp["top_p"], sp["stop"]) == (0.5, 0.9, ["END"])
+    assert (sp["presence_penalty"], sp["frequency_penalty"]) == (0.5, -0.25)
     capped = REQ.model_copy(update={"sampling": SamplingParams(max_tokens=64)})
     assert generate_body(capped)["sampling_params"]["max_new_tokens"] == 64
     assert generate_body(REQ, 4096)["sampling_params"]["max_new_tokens"] == 4096  # a set default

@@ -400,3 +400,14 @@ async def test_sglang_aborts_a_grammar_it_cannot_compile(http: httpx.AsyncClient
     assert whole.status_code == 400 and whole.json()["error"]["message"].startswith("Invalid grammar request")
     two = await refused_stream(http, sglang_body(user_prompt("hi"), "ga3", regex="a", ebnf="root ::= 'a'"))
     assert two == {"error": {"message": "Only one of regex, json_schema, or ebnf can be set."}}
+
+
+async def test_penalties_out_of_range_are_refused_as_the_engines_do(http: httpx.AsyncClient) -> None:
+    """vLLM and SGLang take presence/frequency penalties in [-2, 2] and refuse the rest."""
+    prompt = user_prompt("hi")
+    resp = await http.post("/v1/completions", json=vllm_body(prompt, "pen1", presence_penalty=2.5))
+    assert resp.status_code == 400 and "presence_penalty must be in [-2, 2]" in resp.json()["error"]["message"]
+    event = await refused_stream(http, sglang_body(prompt, "pen2", frequency_penalty=-3))
+    assert "frequency_penalty must be in [-2, 2]" in event["error"]["message"]
+    ok = await events(http, "/v1/completions", vllm_body(prompt, "pen3", presence_penalty=1.5, frequency_penalty=-2))
+    assert ok

@@ -77,7 +77,7 @@ class OpenAITextAdapter:
                                 "stream_options": {"include_usage": True}}
         if s.max_tokens is not None:
             body["max_tokens"] = s.max_tokens
-        for name in ("temperature", "top_p", "seed"):
+        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed"):
             if getattr(s, name) is not None:
                 body[name] = getattr(s, name)
         if s.stop:

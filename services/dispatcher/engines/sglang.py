@@ -48,6 +48,10 @@ def generate_body(req: GenerateRequest, default_max_tokens: int | None = None) -
         sampling["temperature"] = s.temperature
     if s.top_p is not None:
         sampling["top_p"] = s.top_p
+    if s.presence_penalty is not None:
+        sampling["presence_penalty"] = s.presence_penalty
+    if s.frequency_penalty is not None:
+        sampling["frequency_penalty"] = s.frequency_penalty
     if s.seed is not None:
         sampling["sampling_seed"] = s.seed
     if s.stop:

@@ -40,6 +40,10 @@ def completion_body(req: GenerateRequest) -> dict[str, Any]:
         body["temperature"] = s.temperature
     if s.top_p is not None:
         body["top_p"] = s.top_p
+    if s.presence_penalty is not None:
+        body["presence_penalty"] = s.presence_penalty
+    if s.frequency_penalty is not None:
+        body["frequency_penalty"] = s.frequency_penalty
     if s.seed is not None:
         body["seed"] = s.seed
     if s.stop:
