@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import httpx
 import openai
@@ -171,6 +172,19 @@ def test_client_disconnect_aborts_engine(stack: RunningStack) -> None:
     assert request_id
     record = stack.wait_engine(lambda r: r.get("request_id") == request_id and r.get("aborted"))
     assert record["aborted"]
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses"])
+def test_a_client_leaving_a_whole_answer_aborts_the_engine(stack: RunningStack, path: str) -> None:
+    """Not streamed: the client gives up (its connection closes) while the engine generates."""
+    marker = f"leaving-{uuid.uuid4().hex[:8]}"
+    text = f"{marker} go on forever [[sim:tokens=5000]] [[sim:delay_ms=5]]"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}]} if "chat" in path else \
+        {"model": MODEL, "input": text}
+    with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=stack.base_url, timeout=1.5) as http:
+        http.post(path, json=body)
+    record = stack.wait_engine(lambda r: marker in r.get("prompt_text", "") and r.get("aborted"))
+    assert record["completion_tokens"] < 5000
 
 
 def test_engine_down_is_a_clear_error(stacks: Stacks) -> None:

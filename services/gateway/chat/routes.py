@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
@@ -32,7 +30,7 @@ from services.gateway.context import GatewayContext, get_ctx
 from services.gateway.errors import public
 from services.gateway.generation import Generation, GenerationSpec
 from services.gateway.observe import Observed
-from services.gateway.streaming import wait_disconnect
+from services.gateway.streaming import ClientGone, unless_client_leaves
 from services.gateway.validation import parse_body
 
 router = APIRouter()
@@ -102,17 +100,11 @@ async def chat_completions(request: Request) -> Any:
 async def _whole(ctx: GatewayContext, request: Request, body: ChatRequest, spec: GenerationSpec,
                  request_id: str, seen: Observed, fmt: ResponseFormat | None) -> Response:
     async with ctx.generations.open(spec) as generation:
-        collect = asyncio.ensure_future(_collect(generation, seen))
-        gone = asyncio.ensure_future(wait_disconnect(request))
-        done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-        if collect not in done:  # the client is gone: leaving the context aborts the engine
-            collect.cancel()
-            with contextlib.suppress(BaseException):
-                await collect
+        try:
+            state = await unless_client_leaves(request, _collect(generation, seen))
+        except ClientGone:  # leaving the context aborts the engine
             seen.finish(outcome="client_gone")
             return JSONResponse({}, status_code=499)
-        gone.cancel()
-        state = collect.result()
     worker = generation.accepted.worker if generation.accepted else None
     if state.failed is not None and not (state.content or state.tools or state.reasoning):
         seen.finish(outcome="failed", worker=worker, error=state.failed.error.message)
