@@ -1,0 +1,85 @@
+"""Redis stopped under a running stack: what needs storage is a clear 503 before any engine
+work, what does not keeps working, and once Redis is back (its append-only file kept) stored
+responses are there and storing works again."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from services.common.infra import ManagedProcess, free_port, start_redis
+from tests.e2e.conftest import MODEL, RunningStack, start_stack
+
+
+@pytest.fixture(scope="module")
+def redis_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("redis-data")
+
+
+@pytest.fixture(scope="module")
+def own_redis(redis_dir: Path) -> Iterator[tuple[list[ManagedProcess], int]]:
+    port = free_port()
+    proc, _ = start_redis(port, data_dir=redis_dir)
+    procs = [proc]
+    yield procs, port
+    for p in procs:
+        p.stop()
+
+
+@pytest.fixture(scope="module")
+def redis_stack(nats_url: str, own_redis: tuple[list[ManagedProcess], int]) -> Iterator[RunningStack]:
+    _, port = own_redis
+    stack = start_stack("redis-down", nats_url, f"redis://127.0.0.1:{port}/0")
+    yield stack
+    stack.stop()
+
+
+def flush(port: int) -> None:
+    """Everything written so far is on disk (the append-only file is rewritten and synced)."""
+    r = redis.Redis(port=port)
+    r.bgrewriteaof()
+    while r.info("persistence")["aof_rewrite_in_progress"] or r.info("persistence")["aof_rewrite_scheduled"]:
+        time.sleep(0.05)
+    r.close()
+
+
+def test_storage_down_then_back(redis_stack: RunningStack, own_redis: tuple[list[ManagedProcess], int],
+                                redis_dir: Path) -> None:
+    procs, port = own_redis
+    http = httpx.Client(base_url=redis_stack.base_url, timeout=30)
+    kept = http.post("/v1/responses", json={"model": MODEL, "input": "remember me"})
+    assert kept.status_code == 200, kept.text
+    flush(port)
+    procs[0].stop()
+
+    marker = f"needs-storage-{uuid.uuid4().hex[:8]}"
+    for body in ({"model": MODEL, "input": marker},
+                 {"model": MODEL, "input": marker, "stream": True},
+                 {"model": MODEL, "input": marker, "background": True},
+                 {"model": MODEL, "input": "go on", "previous_response_id": kept.json()["id"], "store": False}):
+        resp = http.post("/v1/responses", json=body)
+        assert resp.status_code == 503, (body, resp.status_code, resp.text)
+        assert resp.json()["error"]["code"] == "storage_unavailable"
+    assert not [r for r in redis_stack.engine_requests() if marker in r.get("prompt_text", "")], \
+        "the engine worked for a response that could not be stored"
+    # what needs no storage still works
+    chat = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 200, chat.text
+    unstored = http.post("/v1/responses", json={"model": MODEL, "input": "hi", "store": False})
+    assert unstored.status_code == 200 and unstored.json()["status"] == "completed"
+    assert http.get("/health").status_code == 503
+
+    proc, _ = start_redis(port, data_dir=redis_dir)  # back, with its data
+    procs.append(proc)
+    deadline = time.monotonic() + 20
+    while http.post("/v1/responses", json={"model": MODEL, "input": "again"}).status_code != 200:
+        assert time.monotonic() < deadline, "storing did not work again after Redis came back"
+        time.sleep(0.5)
+    assert http.get(f"/v1/responses/{kept.json()['id']}").json()["output"] == kept.json()["output"]
+    http.close()
