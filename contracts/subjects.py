@@ -82,6 +82,3 @@ class Subjects:
     def object_store(self) -> str:
         """JetStream object store bucket for payloads over NATS's message size limit."""
         return f"{self.namespace}-payloads"
-
-    def redis_key(self, *parts: str) -> str:
-        return ":".join((self.namespace, *parts))

@@ -177,7 +177,12 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     if stop is None:
         await server.serve()
         return
-    serving = asyncio.ensure_future(server.serve())
-    await asyncio.wait({serving, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
-    server.should_exit = True
-    await serving
+
+    async def until_stopped() -> None:
+        await stop.wait()
+        server.should_exit = True
+
+    async with asyncio.TaskGroup() as tg:  # serve until told to stop (or the server ends itself)
+        serving = tg.create_task(server.serve())
+        stopper = tg.create_task(until_stopped())
+        serving.add_done_callback(lambda _: stopper.cancel())

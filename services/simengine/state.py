@@ -115,13 +115,6 @@ class Recorder:
             await record.aborted_event.wait()
         return record
 
-    async def wait_finished(self, request_id: str, timeout: float = 5.0) -> RequestRecord:
-        """Finished or aborted: the engine is done with it either way."""
-        async with asyncio.timeout(timeout):
-            record = await self.wait_for(request_id, timeout)
-            await record.done_event.wait()
-        return record
-
     @staticmethod
     def mark_aborted(record: RequestRecord, *, via_abort_request: bool = False) -> None:
         if via_abort_request:
