@@ -28,6 +28,19 @@ from services.common.infra import ManagedProcess, free_port, wait_for_port
 MODEL = "openai/gpt-oss-20b"
 
 
+class LOGS:
+    """Where stacks write their logs: under pytest's base temporary directory once the session
+    has one (pytest keeps the last few runs' and removes older ones), so no run leaves log
+    directories behind in /tmp for good."""
+
+    root: str | None = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _log_root(tmp_path_factory: pytest.TempPathFactory) -> None:
+    LOGS.root = str(tmp_path_factory.mktemp("stacks"))
+
+
 @dataclass
 class RunningStack:
     name: str
@@ -159,7 +172,7 @@ def start_stack(name: str, nats_url: str, redis_url: str, *, engines: list[str] 
                 env: dict[str, str] | None = None) -> RunningStack:
     port = free_port()
     namespace = f"e2e{uuid.uuid4().hex[:8]}"
-    log_dir = Path(tempfile.mkdtemp(prefix=f"chorus-{name}-"))
+    log_dir = Path(tempfile.mkdtemp(prefix=f"chorus-{name}-", dir=LOGS.root))
     args = [sys.executable, "-m", "services.cli", "up", "--port", str(port), "--namespace", namespace,
             "--nats-url", nats_url, "--redis-url", redis_url, "--log-dir", str(log_dir),
             "--model", MODEL, "--parser-workers", "2", *(extra_args or [])]

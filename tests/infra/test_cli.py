@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -192,12 +191,13 @@ class Pair:
 
 
 @pytest.fixture(scope="module")
-def pair(nats_url: str, redis_url: str) -> Iterator[Pair]:
+def pair(nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     """Two whole stacks at once on one NATS and one Redis, each with the simulated engine."""
+    tmp_path = tmp_path_factory.mktemp("pair")
     bus = ["--nats-url", nats_url, "--redis-url", redis_url]
     namespace_b = f"cli{uuid.uuid4().hex[:8]}"
-    a = up(*bus, "--log-format", "json", log_dir=Path(tempfile.mkdtemp(prefix="chorus-cli-a-")))
-    b = up(*bus, "--namespace", namespace_b, log_dir=Path(tempfile.mkdtemp(prefix="chorus-cli-b-")))
+    a = up(*bus, "--log-format", "json", log_dir=tmp_path / "a")
+    b = up(*bus, "--namespace", namespace_b, log_dir=tmp_path / "b")
     try:
         for stack in (a, b):
             stack.wait_line(r"chorus: ready at ", READY_WITHIN_S)
