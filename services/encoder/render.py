@@ -8,10 +8,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+import uuid
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from openai_harmony import (
     Author,
@@ -39,7 +41,7 @@ from contracts.messages.items import (
     ReasoningItem,
 )
 from services.common.harmony import ASSISTANT_STOP_TOKENS, MESSAGE, START
-from services.common.tokens import encode_text
+from services.common.tokens import MAX_PIECE, encode_text, pieces
 
 _EFFORT = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
 JSON_CONTENT_TYPE = "<|constrain|>json"
@@ -59,9 +61,39 @@ class RenderError(Exception):
         super().__init__(error.message)
         self.error = error
 
+    def __reduce__(self) -> tuple[type[RenderError], tuple[BusError]]:
+        # raised in a render process, it travels back pickled: rebuilt from its error (by
+        # default from its message, which broke the pool: every later render failed)
+        return RenderError, (self.error,)
+
 
 def _invalid(message: str, param: str) -> RenderError:
     return RenderError(BusError(code=ErrorCode.INVALID_REQUEST, message=message, param=param))
+
+
+def too_long(limit: int) -> RenderError:
+    """A prompt found longer than the context before all of it was encoded (the wording
+    follows the encoder's check of a whole prompt)."""
+    return RenderError(BusError(code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="messages", message=(
+        f"This model's maximum context length is {limit} tokens. However, your prompt has more "
+        f"than {limit} tokens. Please reduce the length of the input.")))
+
+
+class PastLimit(Exception):
+    """More tokens than the room left (``Renderer.render`` says how long the context is)."""
+
+
+def encode_within(encoding: HarmonyEncoding, text: str, room: int | None) -> list[int]:
+    """``encode_text``, giving up (``PastLimit``) once the text alone takes ``room`` tokens:
+    16 MB of one word is refused after encoding about a context's worth of it, not all of it."""
+    if room is None or len(text) <= MAX_PIECE:
+        return encode_text(encoding, text)
+    out: list[int] = []
+    for piece in pieces(text):
+        out += encoding.encode(piece, disallowed_special=())
+        if len(out) >= room:
+            raise PastLimit
+    return out
 
 
 def _tool_descriptions(tools: Iterable[FunctionTool]) -> list[ToolDescription]:
@@ -130,17 +162,83 @@ def response_formats_section(fmt: ResponseFormat) -> str:
     return "\n".join(lines)
 
 
-def with_response_formats(tokens: list[int], encoding: HarmonyEncoding, fmt: ResponseFormat) -> list[int]:
+def with_response_formats(tokens: list[int], encoding: HarmonyEncoding, fmt: ResponseFormat,
+                          limit: int | None = None) -> list[int]:
     """The rendered system and developer messages with the response formats section at the end
     of the developer message (the last message). openai-harmony 0.0.8 cannot render it
     (DeveloperContent has instructions and tools only), so the section joins the developer
     text as harmony joins its own sections ("\\n\\n") and the whole text is encoded again: the
     tokens where they meet are those of one text, as a renderer with the section would give."""
-    start = len(tokens) - 1 - tokens[::-1].index(MESSAGE)
-    text = encoding.decode_utf8(tokens[start + 1 : -1])
     section = response_formats_section(fmt)
-    text = f"{text}\n\n{section}" if text else section
-    return [*tokens[: start + 1], *encode_text(encoding, text), tokens[-1]]
+    return _rewrite_last(tokens, encoding, lambda text: f"{text}\n\n{section}" if text else section, limit)
+
+
+def _rewrite_last(tokens: list[int], encoding: HarmonyEncoding, rewrite: Callable[[str], str],
+                  limit: int | None = None) -> list[int]:
+    """The last message's text rewritten and encoded again (in linear time)."""
+    start = len(tokens) - 1 - tokens[::-1].index(MESSAGE)
+    text = rewrite(encoding.decode_utf8(tokens[start + 1 : -1]))
+    return [*tokens[: start + 1], *encode_within(encoding, text, limit), tokens[-1]]
+
+
+class _Defused:
+    """The text of the system and developer messages with each line longer than ``MAX_PIECE``
+    replaced by a short placeholder. openai-harmony encodes what it renders in one go, in time
+    quadratic in the longest word (a 300,000-character word in the instructions or a tool's
+    description takes minutes); it writes every line of that text verbatim, so the placeholders
+    are put back in the rendered text, which is encoded in linear time instead."""
+
+    def __init__(self) -> None:
+        self.lines: dict[str, str] = {}
+        self._nonce = uuid.uuid4().hex[:12]
+
+    def text(self, text: str) -> str:
+        if len(text) <= MAX_PIECE:
+            return text
+        return "\n".join(self._line(line) for line in text.split("\n"))
+
+    def _line(self, line: str) -> str:
+        if len(line) <= MAX_PIECE:
+            return line
+        key = f"chorus{self._nonce}x{len(self.lines)}"
+        self.lines[key] = line
+        return key
+
+    def value(self, value: Any) -> Any:
+        """A JSON schema's keys and strings (property names, descriptions, enum values)."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            return [self.value(v) for v in value]
+        if isinstance(value, dict):
+            return {self.text(k): self.value(v) for k, v in value.items()}
+        return value
+
+    def tool(self, tool: FunctionTool) -> FunctionTool:
+        return tool.model_copy(update={"description": tool.description and self.text(tool.description),
+                                       "parameters": self.value(tool.parameters)})
+
+    def request(self, req: EncodeRequest) -> EncodeRequest:
+        items = [
+            item.model_copy(update={"content": self.text(item.content)})
+            if isinstance(item, MessageItem) and item.role in ("system", "developer")
+            else item.model_copy(update={"summary": self.text(item.summary)}) if isinstance(item, CompactionItem)
+            else item
+            for item in req.items
+        ]
+        return req.model_copy(update={
+            "instructions": req.instructions and self.text(req.instructions),
+            "items": items,
+            "tools": [self.tool(t) for t in req.tools] if req.tool_choice != "none" else req.tools,
+            "namespaces": [ns.model_copy(update={"description": ns.description and self.text(ns.description),
+                                                 "tools": [self.tool(t) for t in ns.tools]})
+                           for ns in req.namespaces] if req.tool_choice != "none" else req.namespaces,
+        })
+
+    def restore(self, text: str) -> str:
+        for key, line in self.lines.items():
+            text = text.replace(key, line)
+        return text
 
 
 def _recipient(namespace: str, name: str) -> str:
@@ -193,13 +291,17 @@ def prefix_messages(req: EncodeRequest, today: dt.date, knowledge_cutoff: str) -
 
 
 def prefix_tokens(
-    req: EncodeRequest, encoding: HarmonyEncoding, today: dt.date, knowledge_cutoff: str
+    req: EncodeRequest, encoding: HarmonyEncoding, today: dt.date, knowledge_cutoff: str, limit: int | None = None
 ) -> list[int]:
-    """The system and developer messages as token ids, response formats included."""
-    messages = prefix_messages(req, today, knowledge_cutoff)
+    """The system and developer messages as token ids, response formats included, in time
+    linear in their text (see ``_Defused``)."""
+    defused = _Defused()
+    messages = prefix_messages(defused.request(req), today, knowledge_cutoff)
     tokens = list(encoding.render_conversation(Conversation.from_messages(messages)))
+    if defused.lines:
+        tokens = _rewrite_last(tokens, encoding, defused.restore, limit)
     if req.response_format is not None:
-        tokens = with_response_formats(tokens, encoding, req.response_format)
+        tokens = with_response_formats(tokens, encoding, req.response_format, limit)
     return tokens
 
 
@@ -278,11 +380,18 @@ class Renderer:
         self.text_budget = text_budget
         self._assistant = [START, *encoding.encode("assistant", disallowed_special=())]
 
-    def render(self, req: EncodeRequest, today: dt.date) -> EncodedPrompt:
+    def render(self, req: EncodeRequest, today: dt.date, limit: int | None = None) -> EncodedPrompt:
+        """``limit``: the context length; a prompt that reaches it is refused (``too_long``) as
+        soon as it does, without encoding the rest."""
         t0 = time.perf_counter()
-        tokens = list(self.prefix(req, today))
-        for message, text in body_messages(req):
-            tokens += self.message(message, text)
+        try:
+            tokens = list(self.prefix(req, today, limit))
+            for message, text in body_messages(req):
+                tokens += self.message(message, text, None if limit is None else limit - len(tokens))
+                if limit is not None and len(tokens) >= limit:
+                    raise PastLimit
+        except PastLimit:
+            raise too_long(limit or 0) from None
         tokens += self._assistant
         return EncodedPrompt(
             token_ids=tokens,
@@ -291,7 +400,7 @@ class Renderer:
             render_ms=(time.perf_counter() - t0) * 1000,
         )
 
-    def prefix(self, req: EncodeRequest, today: dt.date) -> list[int]:
+    def prefix(self, req: EncodeRequest, today: dt.date, limit: int | None = None) -> list[int]:
         # every field but the conversation (instructions, tools, tool choice, effort, response
         # format, date), and the system/developer items and compaction summaries that join the
         # instructions
@@ -303,8 +412,8 @@ class Renderer:
             self._prefixes.move_to_end(key)
             return cached
         try:
-            tokens = prefix_tokens(req, self.enc, today, self.cutoff)
-        except RenderError:
+            tokens = prefix_tokens(req, self.enc, today, self.cutoff, limit)
+        except (RenderError, PastLimit):
             raise
         except Exception as exc:  # openai-harmony rejects what it cannot render
             raise _invalid(f"The instructions or tools cannot be rendered as Harmony: {exc}", "tools") from exc
@@ -313,7 +422,7 @@ class Renderer:
             self._prefixes.popitem(last=False)
         return tokens
 
-    def message(self, message: Message, text: str) -> list[int]:
+    def message(self, message: Message, text: str, limit: int | None = None) -> list[int]:
         """One message: its header and terminator (cached per header), its content between."""
         key = message.to_json()
         frame = self._frames.get(key)
@@ -323,15 +432,15 @@ class Renderer:
             if len(self._frames) > self.cache_size:
                 self._frames.popitem(last=False)
         head, terminator = frame
-        return [*head, *self.content(text), terminator]
+        return [*head, *self.content(text, limit), terminator]
 
-    def content(self, text: str) -> Sequence[int]:
+    def content(self, text: str, limit: int | None = None) -> Sequence[int]:
         """A message's content as tokens, from the cache when it was encoded before."""
         cached = self._texts.get(text)
         if cached is not None:
             self._texts.move_to_end(text)
             return cached
-        tokens = encode_text(self.enc, text)
+        tokens = encode_within(self.enc, text, limit)
         if len(text) >= MIN_CACHED_CHARS and len(text) <= self.text_budget // 4:
             self._texts[text] = array("I", tokens)
             self._text_chars += len(text)

@@ -40,9 +40,9 @@ def _renderer(cutoff: str) -> Renderer:
     return Renderer(harmony_encoding(), cutoff)
 
 
-def _render(req: EncodeRequest, today: dt.date, cutoff: str) -> EncodedPrompt:
+def _render(req: EncodeRequest, today: dt.date, cutoff: str, limit: int) -> EncodedPrompt:
     """Runs in a pool process (module level: picklable)."""
-    return _renderer(cutoff).render(req, today)
+    return _renderer(cutoff).render(req, today, limit)
 
 
 def _warm(cutoff: str) -> None:
@@ -181,11 +181,20 @@ class Encoder:
         today = dt.date.today()
         cutoff = self.settings.knowledge_cutoff
         if self._pool is None or prompt_chars(job.encode) < self.settings.inline_render_chars:
-            return _renderer(cutoff).render(job.encode, today)
+            return _renderer(cutoff).render(job.encode, today, self.settings.context_length)
         loop = asyncio.get_running_loop()
         remaining = max(0.0, job.deadline - time.time())
-        async with asyncio.timeout(remaining):
-            return await loop.run_in_executor(self._pool, _render, job.encode, today, cutoff)
+        pool = self._pool
+        try:
+            async with asyncio.timeout(remaining):
+                return await loop.run_in_executor(pool, _render, job.encode, today, cutoff,
+                                                  self.settings.context_length)
+        except concurrent.futures.BrokenExecutor:
+            if self._pool is pool:  # a render process died: later renders get a new pool
+                log.warning("the render pool broke; starting a new one")
+                self.start_pool()
+                pool.shutdown(wait=False, cancel_futures=True)
+            raise
 
     async def _fail(self, job: GenerateJob, error: BusError, span: Span) -> None:
         telemetry.failed(span, error.code.value, error.message)

@@ -41,12 +41,16 @@ def check(text: str, fmt: ResponseFormat) -> str | None:
         value = json.loads(text)
     except ValueError as exc:
         return f"the answer is not JSON: {exc}"
+    except RecursionError:
+        return "the answer nests too deeply to be read"
     try:
         jsonschema.validate(value, fmt.json_schema)
     except jsonschema.ValidationError as exc:
         return f"the answer does not match the schema '{fmt.name}': {exc.message}"
     except jsonschema.SchemaError as exc:
         return f"the schema '{fmt.name}' is not a valid JSON schema: {exc.message}"
+    except RecursionError:  # a recursive schema, an answer nested hundreds deep
+        return f"the answer nests too deeply to be checked against the schema '{fmt.name}'"
     return None
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from openai_harmony import HarmonyEncoding
 
 from services.common.harmony import START
+from services.common.tokens import encode_text
 from services.simengine.grammar import Constraint
 from services.simengine.instance import NoInstance, minimal_instance
 from services.simengine.prompt import (
@@ -96,6 +97,15 @@ def read_directives(user_text: str, *, content: bool) -> Directives:
     )
 
 
+QUOTE_CHARS = 4096  # the most of the user's (or a tool's) text the script quotes back
+
+
+def _quote(text: str) -> str:
+    """Text from the prompt to quote, at most ``QUOTE_CHARS`` of it: a reply echoing a prompt
+    of 300,000 characters would cost the engine's event loop as much to write as the prompt."""
+    return _safe(text if len(text) <= QUOTE_CHARS else text[:QUOTE_CHARS] + "...")
+
+
 def _safe(text: str) -> str:
     """Text from the prompt, made unable to forge special tokens when re-encoded."""
     return text.replace("<|", "< |")
@@ -118,7 +128,7 @@ def _value_for(prop: ToolProp, user_text: str) -> Any:
     if kind.startswith("string"):
         return [pick_value(user_text)] if kind.endswith("[]") else pick_value(user_text)
     if kind.startswith('"'):
-        return kind.split('"')[1]  # first literal of a string enum
+        return kind.split('"')[1][:QUOTE_CHARS]  # first literal of a string enum
     if kind.startswith("number"):
         return 1
     if kind.startswith("boolean"):
@@ -188,7 +198,7 @@ def compose(
 ) -> str:
     """The Harmony completion text (after the prompt's ``<|start|>assistant``)."""
     user_index, user_raw = _last_user(messages)
-    user = _safe(strip_directives(user_raw))
+    user = _quote(strip_directives(user_raw))
     last = messages[-1] if messages else None
     schema = constraint.final_schema if constraint is not None else None
     answer = final_json(schema) if schema is not None else None
@@ -197,7 +207,7 @@ def compose(
         tool = allowed_tool(tools, constraint, user)
         return _call(tool, user, f"The user says \"{user}\". I must call {tool.name}.")
     if last is not None and last.author not in _TOOL_AUTHORS:
-        output = _safe(last.content.strip())
+        output = _quote(last.content.strip())
         name = last.author.split(".", 1)[-1]
         return (
             f"<|channel|>analysis<|message|>The tool {name} returned: {output}. "
@@ -245,6 +255,26 @@ def output_start(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> int | 
     return None
 
 
+_MARKER = re.compile(r"(<\|[^|<>\s]{1,64}\|>)")
+
+
+def encode_harmony(encoding: HarmonyEncoding, text: str) -> list[int]:
+    """Harmony text (its special-token markers as special tokens) as token ids, in time linear
+    in its length (``encoding.encode`` is quadratic in a word: 100,000 characters of one held
+    the engine's event loop for seconds, and its health checks failed)."""
+    specials = encoding.special_tokens_set
+    out: list[int] = []
+    plain: list[str] = []
+    for i, part in enumerate(_MARKER.split(text)):
+        if i % 2 and part in specials:
+            out += encode_text(encoding, "".join(plain))
+            out += encoding.encode(part, allowed_special="all")
+            plain = []
+        else:
+            plain.append(part)
+    return out + encode_text(encoding, "".join(plain))
+
+
 @functools.cache
 def _assistant_id(encoding: HarmonyEncoding) -> int:
     return encoding.encode("assistant", disallowed_special=())[0]
@@ -258,11 +288,11 @@ def _plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding, constraint: Cons
     if said.raw is not None:
         return Script(text, encoding.encode(said.raw, allowed_special="all"), said)
     if said.tokens is not None:
-        user = _safe(strip_directives(user_raw))
-        head = encoding.encode(
+        user = _quote(strip_directives(user_raw))
+        head = encode_harmony(
+            encoding,
             f"<|channel|>analysis<|message|>The user says \"{user}\". "
             f"A long answer is wanted.<|end|><|start|>assistant<|channel|>final<|message|>",
-            allowed_special="all",
         )
         tail = encoding.encode("<|return|>", allowed_special="all")
         return Script(text, [*head, *filler_ids(encoding, max(0, said.tokens)), *tail], said)
@@ -273,7 +303,7 @@ def _plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding, constraint: Cons
         if prompted is not None:  # no grammar: the model follows the prompt's response format
             constraint = Constraint(final_schema=prompted)
     body = compose(messages, tools, constraint)
-    return Script(text, encoding.encode(body, allowed_special="all"), said)
+    return Script(text, encode_harmony(encoding, body), said)
 
 
 @dataclass(frozen=True)

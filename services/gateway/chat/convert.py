@@ -31,7 +31,7 @@ from services.gateway.chat.models import (
     ResponseFormatJsonSchema,
 )
 from services.gateway.errors import invalid
-from services.gateway.structured import schema_error
+from services.gateway.schemas import schema_problem
 
 
 def _text(message: ChatMessage, index: int) -> str:
@@ -89,7 +89,7 @@ def _tool_choice(request: ChatRequest) -> ToolChoice:
 def response_format_of(request: ChatRequest) -> ResponseFormat | None:
     fmt = request.response_format
     if isinstance(fmt, ResponseFormatJsonSchema):
-        error = schema_error(fmt.json_schema.schema_)
+        error = schema_problem(fmt.json_schema.schema_)
         if error is not None:
             raise invalid(f"response_format.json_schema.schema is not a valid JSON schema: {error}",
                           "response_format.json_schema.schema")

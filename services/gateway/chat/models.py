@@ -114,7 +114,8 @@ class ChatRequest(ApiRequest):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    stop: str | list[Annotated[str, Field(max_length=256)]] | None = Field(default=None, max_length=16)
+    stop: Annotated[str, Field(max_length=256)] | Annotated[
+        list[Annotated[str, Field(max_length=256)]], Field(max_length=16)] | None = None
     seed: int | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     response_format: ResponseFormat | None = None

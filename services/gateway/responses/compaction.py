@@ -46,7 +46,7 @@ class CompactRequest(ApiRequest):
         "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "service_tier", "image"})
 
     model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
-    input: Text | list[InputItem] | None = Field(default=None, max_length=100_000)
+    input: Text | Annotated[list[InputItem], Field(max_length=100_000)] | None = None
     instructions: Text | None = None
     previous_response_id: str | None = None
     reasoning: ReasoningParam | None = None

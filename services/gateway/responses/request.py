@@ -10,7 +10,7 @@ from pydantic import Discriminator, Field, Tag, model_validator
 
 from services.gateway.edge import ApiRequest, Lenient, Strict, unsupported
 from services.gateway.errors import invalid
-from services.gateway.structured import schema_error
+from services.gateway.schemas import schema_problem
 
 NAME = r"^[A-Za-z0-9_.\-]+$"
 Text = Annotated[str, Field(max_length=4_000_000)]
@@ -74,7 +74,7 @@ class FunctionCallInput(Lenient):
     call_id: Annotated[str, Field(min_length=1, max_length=256)]
     name: Annotated[str, Field(min_length=1, max_length=256)]
     arguments: Text = "{}"
-    namespace: str | None = None
+    namespace: Annotated[str, Field(max_length=64)] | None = None  # rendered in a message header
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
 
@@ -126,10 +126,14 @@ class McpToolInput(Lenient):
     annotations: dict[str, Any] | None = None
 
 
+Label = Annotated[str, Field(max_length=64)]  # as an mcp tool's server_label
+ToolName = Annotated[str, Field(max_length=256)]
+
+
 class McpListToolsInput(Lenient):
     type: Literal["mcp_list_tools"]
     id: str
-    server_label: str
+    server_label: Label
     tools: list[McpToolInput] = Field(default_factory=list)
     error: str | None = None
 
@@ -137,8 +141,8 @@ class McpListToolsInput(Lenient):
 class McpCallInput(Lenient):
     type: Literal["mcp_call"]
     id: str
-    server_label: str
-    name: str
+    server_label: Label  # the label and name are rendered in a message header
+    name: ToolName
     arguments: Text = "{}"
     output: Text | None = None
     error: str | None = None
@@ -148,8 +152,8 @@ class McpCallInput(Lenient):
 class McpApprovalRequestInput(Lenient):
     type: Literal["mcp_approval_request"]
     id: str
-    server_label: str
-    name: str
+    server_label: Label
+    name: ToolName
     arguments: Text = "{}"
 
 
@@ -329,7 +333,7 @@ class ResponsesRequest(ApiRequest):
     })
 
     model: Annotated[str, Field(min_length=1, max_length=256)]
-    input: Text | list[InputItem] | None = Field(default=None, max_length=100_000)
+    input: Text | Annotated[list[InputItem], Field(max_length=100_000)] | None = None
     instructions: Text | None = None
     previous_response_id: str | None = None
     conversation: str | ConversationRef | None = None
@@ -381,7 +385,7 @@ class ResponsesRequest(ApiRequest):
             if triggers and triggers != [len(self.input) - 1]:
                 raise invalid("A compaction_trigger must be the last input item.", f"input[{triggers[0]}]")
         fmt = self.text.format if self.text else None
-        if isinstance(fmt, TextFormatJsonSchema) and (error := schema_error(fmt.schema_)) is not None:
+        if isinstance(fmt, TextFormatJsonSchema) and (error := schema_problem(fmt.schema_)) is not None:
             raise invalid(f"text.format.schema is not a valid JSON schema: {error}", "text.format.schema")
         return self
 

@@ -6,7 +6,6 @@ cancel, delete and input items read what the run stored."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -32,7 +31,7 @@ from services.gateway.responses.request import ResponsesRequest
 from services.gateway.responses.run import ResponseRun, prepare
 from services.gateway.responses.websocket import Socket
 from services.gateway.store import ResponseStore, StoredResponse
-from services.gateway.streaming import wait_disconnect
+from services.gateway.streaming import ClientGone, unless_client_leaves
 from services.gateway.validation import parse_body
 
 log = logging.getLogger("chorus.gateway.responses")
@@ -80,25 +79,27 @@ async def create_response(request: Request) -> Any:
     try:
         first = await anext(batches)  # failures before the first token surface as HTTP errors
     except BaseException as exc:
-        seen.finish(outcome="failed", error=getattr(getattr(exc, "error", None), "message", type(exc).__name__))
+        seen.finish(outcome="failed", error=_why(exc))
         raise
     if req.stream:
         return StreamingResponse(stream_events(ctx, run, first, batches, persist=req.stored),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
-    collect = asyncio.ensure_future(_drain(batches))
-    gone = asyncio.ensure_future(wait_disconnect(request))
-    done, _ = await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if collect not in done:  # the client left: the run is cancelled (and the engine aborted)
-        collect.cancel()
-        with contextlib.suppress(BaseException):
-            await collect
+    try:  # a failure of the run is raised, never stored as a "completed" response
+        await unless_client_leaves(request, _drain(batches))
+    except ClientGone:  # the client left: the run is cancelled (and the engine aborted)
         seen.finish(outcome="client_gone")
         return JSONResponse({}, status_code=499)
-    gone.cancel()
+    except BaseException as exc:
+        seen.finish(outcome="failed", error=_why(exc))
+        raise
     if run.refused is not None:  # e.g. SGLang refuses in its stream: still the caller's 4xx
         raise ApiError(run.refused)
     await finish(run)
     return json_response(run.response())
+
+
+def _why(exc: BaseException) -> str:
+    return getattr(getattr(exc, "error", None), "message", None) or type(exc).__name__
 
 
 async def _drain(batches: AsyncIterator[list[Event]]) -> None:
@@ -176,11 +177,14 @@ async def retrieve_response(response_id: str, request: Request, stream: bool = F
 
 
 async def replay(ctx: GatewayContext, store: ResponseStore, response_id: str, after_seq: int) -> AsyncIterator[bytes]:
-    """Stored events after ``after_seq``, then live ones until the terminal event."""
+    """Stored events after ``after_seq``, then live ones until the terminal event. The first
+    read does not wait: a finished response without an event log ends the stream at once."""
     cursor = "0"
+    block_ms = 0
     idle_deadline = time.monotonic() + ctx.settings.idle_timeout_s
     while time.monotonic() < idle_deadline:
-        entries = await store.read_events(response_id, cursor, block_ms=1000)
+        entries = await store.read_events(response_id, cursor, block_ms=block_ms)
+        block_ms = 1000
         for entry_id, data in entries:
             cursor = entry_id
             idle_deadline = time.monotonic() + ctx.settings.idle_timeout_s

@@ -1,0 +1,55 @@
+"""The render pool (found by tests/e2e/test_hostile.py): a caller's mistake raised in a render
+process comes back as that mistake, and a pool whose process died is replaced. A RenderError
+could not be unpickled, which broke the pool: every large prompt after it was a 500."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import pickle
+
+import pytest
+
+from contracts.errors import BusError, ErrorCode
+from contracts.messages.encode import EncodeRequest
+from services.encoder import service
+from services.encoder.render import EncodedPrompt, RenderError
+from services.encoder.service import Encoder
+from services.encoder.settings import Settings
+from tests.bus import job
+
+BIG = "x" * 1_200_000  # past the context (150,000 tokens), and rendered in the pool
+
+
+def test_a_render_error_survives_pickling() -> None:
+    error = BusError(code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, message="too long", param="messages")
+    again = pickle.loads(pickle.dumps(RenderError(error)))
+    assert isinstance(again, RenderError) and again.error == error
+
+
+_RENDER = service._render
+
+
+def _die_on_request(req: EncodeRequest, *args: object) -> EncodedPrompt:
+    """The pool's render function, except that a render process dies (out of memory, say)
+    on a prompt that starts with "die" (a pool process forked later inherits this function)."""
+    if str(req.items[-1].content).startswith("die"):
+        os._exit(1)
+    return _RENDER(req, *args)  # type: ignore[arg-type]
+
+
+async def test_the_pool_reports_caller_mistakes_and_outlives_a_dead_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    encoder = Encoder(Settings(render_processes=1, inline_render_chars=1000), bus=None)  # type: ignore[arg-type]
+    encoder.start_pool()
+    try:
+        for _ in range(2):  # the pool still serves after a caller's mistake
+            with pytest.raises(RenderError) as refused:
+                await encoder._render(job("g1", BIG))
+            assert refused.value.error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
+        monkeypatch.setattr(service, "_render", _die_on_request)
+        with pytest.raises(concurrent.futures.BrokenExecutor):
+            await encoder._render(job("g2", "die" + BIG))
+        prompt = await encoder._render(job("g3", "y " * 1000))  # a new pool
+        assert len(prompt.token_ids) > 1000
+    finally:
+        encoder.close()
