@@ -237,3 +237,18 @@ def test_bad_json_and_unknown_model(stack: RunningStack) -> None:
 def test_unknown_route_is_openai_shaped(stack: RunningStack) -> None:
     resp = httpx.get(f"{stack.base_url}/v1/nothing-here")
     assert resp.status_code == 404 and "error" in resp.json()
+
+
+def test_penalties_reach_the_engine(stacks: Stacks) -> None:
+    for name in ("vllm", "sglang"):
+        stack = stacks.get(name)
+        client = stack.client()
+        resp = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                              presence_penalty=0.5, frequency_penalty=-1.25)
+        record = stack.wait_engine(lambda r, rid=resp.id: r.get("request_id") == rid)
+        params = record["params"] if name == "vllm" else record["params"]["sampling_params"]
+        assert (params["presence_penalty"], params["frequency_penalty"]) == (0.5, -1.25), params
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                           presence_penalty=2.5)
+        assert err.value.body["param"] == "presence_penalty"  # type: ignore[index]

@@ -126,8 +126,8 @@ class ChatRequest(ApiRequest):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None  # passed to the engine
+    presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
         default=None, max_length=16)
     store: bool | None = None
@@ -152,8 +152,6 @@ class ChatRequest(ApiRequest):
         unsupported(self.logprobs or self.top_logprobs or None, "logprobs",
                     "gpt-oss Harmony output interleaves channel control tokens; remove logprobs/top_logprobs")
         unsupported(self.logit_bias or None, "logit_bias", "token biases are not passed to the engines")
-        for name in ("frequency_penalty", "presence_penalty"):
-            unsupported(getattr(self, name) or None, name, "the engines are called without penalties")
         if self.modalities and self.modalities != ["text"]:
             unsupported(True, "modalities", "gpt-oss produces text only")
         unsupported(self.audio, "audio", "gpt-oss produces text only")
