@@ -41,7 +41,47 @@ def schema_problem(schema: dict[str, Any]) -> str | None:
     """Why ``schema`` cannot be used to check an answer (None when it can)."""
     if "$schema" in schema and not isinstance(schema["$schema"], str):
         return "'$schema' must be a string naming a JSON schema draft"
-    return schema_error(schema) or reference_error(schema)
+    return schema_error(schema) or reference_error(schema) or contradiction(schema)
+
+
+BOUNDS = (("minimum", "maximum"), ("minLength", "maxLength"), ("minItems", "maxItems"),
+          ("minProperties", "maxProperties"))
+
+
+def contradiction(schema: Any) -> str | None:
+    """A part every answer must satisfy (the schema itself, its required properties, its
+    ``allOf``) that no value can: the engines' grammars could produce no answer, and the check
+    of the answer would fail after the work is done. References are not followed."""
+    stack: list[tuple[Any, str]] = [(schema, "the schema")]
+    while stack:
+        node, where = stack.pop()
+        if node is False:
+            return f"{where} accepts no value"
+        if not isinstance(node, dict):
+            continue
+        if node.get("enum") == []:
+            return f"{where} has an empty enum: no value can match it"
+        if node.get("not") in ({}, True):
+            return f"{where} forbids every value ('not': {{}})"
+        for low, high in BOUNDS:
+            lo, hi = node.get(low), node.get(high)
+            if isinstance(lo, int | float) and isinstance(hi, int | float) and _number(lo) and _number(hi) and lo > hi:
+                return f"{where} has {low} {lo} above {high} {hi}"
+        given = node.get("properties")
+        props: dict[str, Any] = given if isinstance(given, dict) else {}
+        required = [r for r in node.get("required") or [] if isinstance(r, str)] \
+            if isinstance(node.get("required"), list) else []
+        closed = node.get("additionalProperties") is False and not node.get("patternProperties")
+        if closed and (missing := [r for r in required if r not in props]):
+            return f"{where} requires the property {missing[0]!r} but allows only {sorted(props)}"
+        stack.extend((props[r], f"the property {r!r}") for r in required if r in props)
+        if isinstance(node.get("allOf"), list):
+            stack.extend((sub, where) for sub in node["allOf"])
+    return None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def reference_error(schema: Any) -> str | None:

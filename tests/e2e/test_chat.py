@@ -252,3 +252,14 @@ def test_penalties_reach_the_engine(stacks: Stacks) -> None:
             client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                            presence_penalty=2.5)
         assert err.value.body["param"] == "presence_penalty"  # type: ignore[index]
+
+
+def test_a_schema_no_answer_can_satisfy_is_a_400_before_any_work(stack: RunningStack) -> None:
+    marker = f"unsatisfiable-{uuid.uuid4().hex[:8]}"
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["a"]}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        stack.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": marker}],
+                                               response_format=fmt)  # type: ignore[arg-type]
+    assert "minimum 5 above maximum 1" in err.value.message
+    assert not [r for r in stack.engine_requests() if marker in r.get("prompt_text", "")]
