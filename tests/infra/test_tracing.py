@@ -288,6 +288,7 @@ async def test_response_with_a_function_call_is_one_trace(traced: RunningStack, 
     for service, name in ((ENCODER, "render"), (DISPATCHER, ENGINE), (PARSER, "parse")):
         assert one(trace, service, name).parent_id == turn.span_id  # the turn's job carries the turn
     assert_genai(genai, response_id=resp.id, api="responses", max_tokens=200, temperature=0.7, top_p=0.95)
+    assert genai.attributes["gen_ai.response.finish_reasons"] == ["tool_calls"]  # the model's, not the status
     assert_engine_span(one(trace, DISPATCHER, ENGINE), traced)
     assert_whole(receiver, resp.id, trace)
 

@@ -135,6 +135,7 @@ class ResponseRun:
     status: RunStatus = "in_progress"
     error: dict[str, str] | None = None
     incomplete_reason: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)  # each model turn's, for the trace
     observed: Observed | None = None  # metrics, the span and the log line of the request
     refused: BusError | None = None  # the engine refused the request before any output
 
@@ -362,6 +363,7 @@ class ResponseRun:
         for event in batch:
             if isinstance(event, Finished):
                 self._add_usage(event.usage)
+                self.finish_reasons.append(event.finish_reason)
                 out += w.close_open()
                 if event.finish_reason == "length":
                     self.status, self.incomplete_reason = "incomplete", "max_output_tokens"
@@ -426,7 +428,8 @@ class ResponseRun:
 
     def final_event(self) -> Event:
         if self.observed is not None:
-            self.observed.finish(outcome=self.status, usage=self.usage, finish_reasons=[self.status],
+            self.observed.finish(outcome=self.status, usage=self.usage,
+                                 finish_reasons=self.finish_reasons or ["error"],
                                  error=self.error["message"] if self.error else None)
         response = self.response()
         seq = self.writer.seq()
