@@ -26,6 +26,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.common.infra import ManagedProcess, free_port, wait_for_port
 
 MODEL = "openai/gpt-oss-20b"
+Samples = dict[str, list[tuple[dict[str, str], float]]]  # /metrics: sample name -> (labels, value)
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of the samples of ``name`` that carry ``labels``."""
+    return sum(v for got, v in samples.get(name, []) if all(got.get(k) == want for k, want in labels.items()))
 
 
 class LOGS:
@@ -64,12 +70,19 @@ class RunningStack:
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=30)
 
-    def metric(self, name: str, **labels: str) -> float:
-        """The sum of the samples of ``name`` in the gateway's /metrics that carry ``labels``."""
+    def metrics(self) -> Samples:
+        """The gateway's /metrics now: each sample name's (labels, value) pairs."""
         resp = httpx.get(f"{self.base_url}/metrics", timeout=30)
         assert resp.status_code == 200, resp.text
-        return sum(s.value for family in text_string_to_metric_families(resp.text) for s in family.samples
-                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+        out: Samples = {}
+        for family in text_string_to_metric_families(resp.text):
+            for sample in family.samples:
+                out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+        return out
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of ``name`` in the gateway's /metrics that carry ``labels``."""
+        return total(self.metrics(), name, **labels)
 
     def engine_requests(self) -> list[dict]:
         assert self.engine_url

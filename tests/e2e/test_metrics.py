@@ -6,27 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.e2e.conftest import MODEL, RunningStack, Stacks
+from tests.e2e.conftest import MODEL, RunningStack, Stacks, total
 from tests.mcp_servers import serve_mcp
-
-Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def scrape(stack: RunningStack) -> Samples:
-    with stack.http() as http:
-        resp = http.get("/metrics")
-    assert resp.status_code == 200, resp.text
-    out: Samples = {}
-    for family in text_string_to_metric_families(resp.text):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return out
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    return sum(v for got, v in samples.get(name, []) if all(got.get(k) == want for k, want in labels.items()))
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +17,7 @@ def metrics_stack(stacks: Stacks) -> Iterator[RunningStack]:
 
 
 async def test_requests_tokens_and_latencies_for_both_apis(metrics_stack: RunningStack) -> None:
-    before = scrape(metrics_stack)
+    before = metrics_stack.metrics()
     client = metrics_stack.async_client()
     await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "metrics chat"}])
     stream = await client.chat.completions.create(model=MODEL, stream=True,
@@ -43,7 +25,7 @@ async def test_requests_tokens_and_latencies_for_both_apis(metrics_stack: Runnin
     async for _ in stream:
         pass
     await client.responses.create(model=MODEL, input="metrics responses")
-    after = scrape(metrics_stack)
+    after = metrics_stack.metrics()
 
     def grew(name: str, by: float = 1, **labels: str) -> None:
         assert total(after, name, **labels) - total(before, name, **labels) >= by, (name, labels)
@@ -67,7 +49,7 @@ async def test_requests_tokens_and_latencies_for_both_apis(metrics_stack: Runnin
 
 
 async def test_tool_calls_are_counted_by_outcome(metrics_stack: RunningStack) -> None:
-    before = scrape(metrics_stack)
+    before = metrics_stack.metrics()
     client = metrics_stack.async_client()
     tool = {"type": "mcp", "server_label": "t", "require_approval": "never"}
     async with serve_mcp() as server:
@@ -76,7 +58,7 @@ async def test_tool_calls_are_counted_by_outcome(metrics_stack: RunningStack) ->
         boom = await client.responses.create(model=MODEL, input="call boom now",
                                              tools=[{**tool, "server_url": server.url}])
     assert ok.status == boom.status == "completed"
-    after = scrape(metrics_stack)
+    after = metrics_stack.metrics()
     for outcome in ("ok", "error"):
         grown = total(after, "chorus_tool_calls_total", server="mcp", outcome=outcome) - \
             total(before, "chorus_tool_calls_total", server="mcp", outcome=outcome)
