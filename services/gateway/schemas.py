@@ -15,7 +15,7 @@ under it)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeGuard
 from urllib.parse import unquote
 
 from services.gateway.structured import schema_error
@@ -65,7 +65,7 @@ def contradiction(schema: Any) -> str | None:
             return f"{where} forbids every value ('not': {{}})"
         for low, high in BOUNDS:
             lo, hi = node.get(low), node.get(high)
-            if isinstance(lo, int | float) and isinstance(hi, int | float) and _number(lo) and _number(hi) and lo > hi:
+            if _number(lo) and _number(hi) and lo > hi:
                 return f"{where} has {low} {lo} above {high} {hi}"
         given = node.get("properties")
         props: dict[str, Any] = given if isinstance(given, dict) else {}
@@ -80,7 +80,8 @@ def contradiction(schema: Any) -> str | None:
     return None
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[float]:
+    """A JSON number (not a boolean, which Python counts as an int)."""
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
