@@ -118,11 +118,17 @@ class Peers:
         """Our connection is back: everyone gets a fresh grace period, and nobody is given
         work until heard again (a peer's beat after its own reconnect means its
         subscriptions are back too)."""
-        now = time.monotonic()
-        for peers in self._peers.values():
-            for peer in peers.values():
-                peer.seen, peer.confirmed = now, False
+        for peer in self._grace():
+            peer.confirmed = False
         self._paused = False
+
+    def _grace(self) -> list[Peer]:
+        """Everyone counts as heard from now (a fresh grace period); the peers, for the caller."""
+        now = time.monotonic()
+        everyone = [peer for peers in self._peers.values() for peer in peers.values()]
+        for peer in everyone:
+            peer.seen = now
+        return everyone
 
     async def sweep(self) -> None:
         if self._paused:
@@ -159,9 +165,7 @@ class Peers:
             now = time.monotonic()
             if now - last > max(2 * interval, self.dead_after / 2):
                 log.info("this process stalled for %.1fs: no death verdicts this time", now - last)
-                for peers in self._peers.values():
-                    for peer in peers.values():
-                        peer.seen = max(peer.seen, now)
+                self._grace()
             else:
                 await self.sweep()
             last = now
