@@ -241,6 +241,13 @@ class Bus:
             await self.nc.close()
 
 
+Window = float | Callable[[], float]  # seconds, or asked at each frame
+
+
+def _fixed(seconds: float) -> Callable[[], float]:
+    return lambda: seconds
+
+
 class Outbox(Generic[T, F]):
     """Items for one subject, sent together as one frame.
 
@@ -249,14 +256,18 @@ class Outbox(Generic[T, F]):
     Other items go out at once too when the last frame left more than ``window`` seconds ago
     (an engine producing a token every few milliseconds is never delayed); when they come
     faster, at most one frame per ``window`` carries everything put in the meantime, from
-    every request: the cost per message stops growing with the number of tokens."""
+    every request: the cost per message stops growing with the number of tokens.
+
+    ``window`` may be a function, asked at each frame: a sender under load stretches it (many
+    generations in flight: each one's tokens then travel several to a message, and every hop
+    after this one writes, parses and sends once per several tokens instead of per token)."""
 
     def __init__(self, bus: Bus, subject: str, frame: Callable[[list[T]], F], *,
-                 window: float = 0.0) -> None:
+                 window: Window = 0.0) -> None:
         self.bus = bus
         self.subject = subject
         self._frame = frame
-        self._window = window
+        self._window = window if callable(window) else _fixed(window)
         self._timer: asyncio.TimerHandle | None = None
         self._items: list[T] = []
         self._ready = asyncio.Event()
@@ -273,7 +284,7 @@ class Outbox(Generic[T, F]):
         loop = asyncio.get_running_loop()
         if self._task is None:
             self._task = loop.create_task(self._run(), name=f"outbox {self.subject}")
-        wait = 0.0 if urgent else self._last + self._window - loop.time()
+        wait = 0.0 if urgent else self._last + self._window() - loop.time()
         if wait > 0:
             self._timer = loop.call_later(wait, self._ready.set)
             return
@@ -318,7 +329,7 @@ class Outbox(Generic[T, F]):
 class Outboxes(Generic[T, F]):
     """One ``Outbox`` per destination subject, created on first use."""
 
-    def __init__(self, bus: Bus, frame: Callable[[list[T]], F], *, window: float = 0.0) -> None:
+    def __init__(self, bus: Bus, frame: Callable[[list[T]], F], *, window: Window = 0.0) -> None:
         self.bus = bus
         self._frame = frame
         self._window = window

@@ -64,6 +64,12 @@ class BusSettings(BaseSettings):
         description="Messages to one destination that come faster than this (ms) go out "
         "together, except each generation's first tokens (its time to first token).",
     )
+    coalesce_max_window_ms: float = Field(
+        default=20.0,
+        description="Under load the dispatcher's window grows with the generations it streams "
+        "(the window above times their number) up to this (ms): each generation's tokens then "
+        "travel several to a message. 0: the window never grows.",
+    )
 
     @property
     def subjects(self) -> Subjects:

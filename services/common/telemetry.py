@@ -114,10 +114,7 @@ def child_span(name: str, parent: Span | Mapping[str, Any] | None, kind: SpanKin
                **attributes: Any) -> Span:
     """A span under ``parent`` (a span, or the carrier a message or headers brought; none:
     a new trace), not made current."""
-    if parent is None or isinstance(parent, Mapping):
-        context = extract(parent)
-    else:
-        context = set_span_in_context(parent)
+    context = extract(parent) if parent is None or isinstance(parent, Mapping) else set_span_in_context(parent)
     return tracer().start_span(name, context=context, kind=kind,
                                attributes={k: v for k, v in attributes.items() if v is not None} or None)
 

@@ -39,6 +39,11 @@ class BatchWriter:
         self.done = False
         self.opened = False
 
+    @property
+    def urgent(self) -> bool:
+        """Still sending the first tokens, which go out at once."""
+        return self.offset < self._urgent_below
+
     def open(self) -> None:
         """The session's first batch: spec, owner, trace and the resumed tokens."""
         if self.opened:
@@ -172,11 +177,14 @@ class Relay:
                           stop_token_id=held.stop_token_id, usage=self.usage)
 
 
-async def relay(stream: EngineStream, writer: BatchWriter) -> None:
+async def relay(stream: EngineStream, writer: BatchWriter, window: Callable[[], float] | None = None) -> None:
     """Engine chunks -> batches, until the final batch is out. Then the rest of the engine
-    answer is awaited briefly (``[DONE]``) so the connection can be reused."""
+    answer is awaited briefly (``[DONE]``) so the connection can be reused. Past its first
+    tokens, the engine's socket is read at most once per ``window()`` (a busy dispatcher reads
+    many events at a time; the tokens would wait that long in the outbox anyway)."""
     state = Relay(writer)
-    stream.start(state.read)
+    pace = None if window is None else (lambda: 0.0 if writer.urgent else window())
+    stream.start(state.read, pace)
     await stream.ended
     state.end()
     if not state.failed:

@@ -110,9 +110,16 @@ class Dispatcher:
     def bind(self, bus: Bus) -> None:
         """Where batches and gateway events go."""
         self.bus = bus
-        window = self.settings.coalesce_window_ms / 1000
-        self._tokens = Outboxes(bus, lambda items: TokenFrame(batches=merge(items)), window=window)
+        self._tokens = Outboxes(bus, lambda items: TokenFrame(batches=merge(items)), window=self.window)
         self._events = Outboxes(bus, lambda items: EventFrame(events=items))
+
+    def window(self) -> float:
+        """How long tokens wait for company (seconds): the base window when few generations
+        stream, longer with each one in flight, up to the maximum (the stack's CPU per token
+        falls as each message carries several of a generation's tokens)."""
+        s = self.settings
+        return min(s.coalesce_window_ms * max(1, len(self.active)),
+                   max(s.coalesce_max_window_ms, s.coalesce_window_ms)) / 1000
 
     def readiness(self) -> tuple[bool, str]:
         return readiness(self.workers)
@@ -225,7 +232,7 @@ class Dispatcher:
                 worker=worker.url, engine=worker.kind,
                 prompt_tokens=len(req.prompt_token_ids), render_ms=req.render_ms))
             writer.open()
-            await relay(stream, writer)
+            await relay(stream, writer, self.window)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None:

@@ -108,6 +108,8 @@ class _Connection(asyncio.Protocol):
         self.headers: dict[str, str] = {}
         self.body: list[bytes] = []
         self.on_data: Callable[[bytes], None] | None = None
+        self.pace: Callable[[], float] | None = None  # seconds to leave the socket unread after a read
+        self.paused: asyncio.TimerHandle | None = None
         self.received = False  # any byte of the answer
         self.complete = False
         self.keep_alive = False  # the answer allows another on its connection
@@ -124,7 +126,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         loop = self.loop
         self.parser = httptools.HttpResponseParser(self)
-        self.status, self.headers, self.body, self.on_data = 0, {}, [], None
+        self.status, self.headers, self.body, self.on_data, self.pace = 0, {}, [], None, None
         self.received = self.complete = self.keep_alive = self.until_eof = False
         self.read_timeout = read_timeout
         self.answered, self.done = loop.create_future(), loop.create_future()
@@ -155,6 +157,23 @@ class _Connection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
+        self._resume()
+
+    def _rest(self) -> None:
+        """Leave the socket unread for a while (``pace``): what the engine sends meanwhile
+        waits in the kernel and arrives as one read, not one read per event."""
+        wait = self.pace() if self.pace is not None else 0.0
+        if wait > 0 and self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+            self.paused = self.loop.call_later(wait, self._resume)
+
+    def _resume(self) -> None:
+        if self.paused is None:
+            return
+        self.paused.cancel()
+        self.paused = None
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
 
     def _settle(self, error: BaseException | None) -> None:
         """``error`` fails ``answered`` before the headers, ``done`` after them; without an
@@ -227,6 +246,8 @@ class _Connection(asyncio.Protocol):
                 return
         if self.complete:
             self._finish()
+        elif self.pace is not None and self.reading:
+            self._rest()
 
     def eof_received(self) -> bool | None:
         return None  # close: connection_lost follows
@@ -285,14 +306,17 @@ class HttpStream:
         self.done = conn.done
         self._closed = False
 
-    def start(self, on_data: Callable[[bytes], None]) -> None:
+    def start(self, on_data: Callable[[bytes], None], pace: Callable[[], float] | None = None) -> None:
         """Hand every body chunk to ``on_data``, synchronously, as it arrives (one call per
         socket read); what arrived before is handed over now. An exception from ``on_data``
-        fails ``done`` (raised by ``start`` itself for what had arrived before)."""
+        fails ``done`` (raised by ``start`` itself for what had arrived before). ``pace``, asked
+        after each read, says how long to leave the socket unread before the next one (a busy
+        reader then takes many events per read)."""
         conn = self._conn
         if conn.on_data is not None:
             raise RuntimeError("the body is already being read")
         conn.on_data = on_data
+        conn.pace = pace
         if conn.body:
             data = b"".join(conn.body)
             conn.body.clear()

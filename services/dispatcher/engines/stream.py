@@ -55,11 +55,12 @@ class EngineStream:
         self._pending = b""  # the start of a line whose end has not arrived
         self._over = False
 
-    def start(self, sink: Sink) -> None:
-        """Decode the events into ``sink`` from now on (what arrived already, at once)."""
+    def start(self, sink: Sink, pace: Callable[[], float] | None = None) -> None:
+        """Decode the events into ``sink`` from now on (what arrived already, at once); after
+        each read, leave the engine's socket unread for ``pace()`` seconds (see ``HttpStream``)."""
         self._sink = sink
         self.http.done.add_done_callback(self._http_ended)
-        self.http.start(self._on_data)
+        self.http.start(self._on_data, pace)
 
     async def drain(self, timeout: float) -> None:
         """Let the rest of the answer (``[DONE]``, the last chunk) arrive for a while, so that

@@ -1,0 +1,92 @@
+"""The outbox: one frame per window for what comes fast, at once for what comes after a pause or
+is urgent, and a window that can change between frames (the dispatcher stretches it under load)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from pydantic import BaseModel
+
+from services.common.bus import Bus, Outbox
+
+
+class Frame(BaseModel):
+    items: list[int]
+
+
+class FakeBus:
+    """What an outbox needs of a bus: ``publish``; frames are recorded with their loop time."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[float, list[int]]] = []
+
+    async def publish(self, subject: str, msg: BaseModel | bytes, headers: dict[str, str] | None = None) -> None:
+        assert isinstance(msg, Frame)
+        self.sent.append((asyncio.get_running_loop().time(), msg.items))
+
+
+def outbox(bus: FakeBus, window: Any) -> Outbox[int, Frame]:
+    return Outbox(cast(Bus, bus), "s", lambda items: Frame(items=items), window=window)
+
+
+async def settle(seconds: float = 0.0) -> None:
+    await asyncio.sleep(seconds)
+    for _ in range(3):
+        await asyncio.sleep(0)
+
+
+async def test_after_a_pause_an_item_goes_at_once_then_fast_ones_share_a_frame() -> None:
+    bus = FakeBus()
+    box = outbox(bus, 0.05)
+    box.put(1)
+    await settle()
+    assert [items for _, items in bus.sent] == [[1]]
+    for i in range(2, 6):
+        box.put(i)
+    await settle()
+    assert len(bus.sent) == 1  # inside the window: waiting for company
+    await settle(0.08)
+    assert [items for _, items in bus.sent] == [[1], [2, 3, 4, 5]]
+    assert bus.sent[1][0] - bus.sent[0][0] >= 0.045
+    await box.close()
+
+
+async def test_urgent_items_do_not_wait_for_the_window() -> None:
+    bus = FakeBus()
+    box = outbox(bus, 0.5)
+    box.put(1)
+    await settle()
+    box.put(2)
+    box.put(3, urgent=True)  # takes what waits along
+    await settle()
+    assert [items for _, items in bus.sent] == [[1], [2, 3]]
+    await box.close()
+
+
+async def test_the_window_is_asked_at_each_frame() -> None:
+    bus = FakeBus()
+    window = [0.0]
+    box = outbox(bus, lambda: window[0])
+    for i in range(3):
+        box.put(i)
+        await settle()
+    assert [items for _, items in bus.sent] == [[0], [1], [2]]  # no window: each at once
+    window[0] = 0.05  # under load
+    box.put(3)
+    box.put(4)
+    await settle()
+    assert len(bus.sent) == 3
+    await settle(0.08)
+    assert [items for _, items in bus.sent][-1] == [3, 4]
+    await box.close()
+
+
+async def test_close_sends_what_waits() -> None:
+    bus = FakeBus()
+    box = outbox(bus, 10.0)
+    box.put(1)
+    await settle()
+    box.put(2)
+    await box.close()
+    assert [items for _, items in bus.sent] == [[1], [2]]
