@@ -3,11 +3,21 @@ sealed item sent back (HTTP and WebSocket), `context_management` and `compaction
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
+from openai.resources.responses.responses import ResponsesConnection
+from openai.types.responses import (
+    ResponseCompactionCompactingEvent,
+    ResponseCompactionItem,
+    ResponseInputParam,
+    ResponseOutputItem,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponsesServerEvent,
+)
 
 from services.gateway.responses.compaction import INSTRUCTION
 from tests.e2e.conftest import MODEL, RunningStack
@@ -16,7 +26,7 @@ SUMMARY_HEADER = "Summary of the conversation so far"
 LONG_ANSWER = "The lighthouse keeper logged every ship. " * 150  # ~1,500 tokens of assistant text
 
 
-def history() -> list[dict[str, Any]]:
+def history() -> ResponseInputParam:
     return [
         {"role": "user", "content": "Tell me about the lighthouse on Skerry Point."},
         {"role": "assistant", "content": LONG_ANSWER},
@@ -25,26 +35,41 @@ def history() -> list[dict[str, Any]]:
     ]
 
 
+def _text(item: ResponseOutputItem) -> str:
+    """The text of a message item's first content part."""
+    assert isinstance(item, ResponseOutputMessage), item
+    part = item.content[0]
+    assert isinstance(part, ResponseOutputText), part
+    return part.text
+
+
+def _error_param(error: openai.APIStatusError) -> object:
+    """The ``param`` of an OpenAI error body."""
+    assert isinstance(error.body, dict), error.body
+    return error.body["param"]
+
+
 def test_compact_returns_user_messages_and_a_sealed_item_that_renders_as_context(stack: RunningStack) -> None:
     client = stack.client()
-    raw = client.responses.with_raw_response.compact(model=MODEL, input=history())  # type: ignore[arg-type]
+    raw = client.responses.with_raw_response.compact(model=MODEL, input=history())
     compacted = raw.parse()
     assert compacted.object == "response.compaction"
     kinds = [item.type for item in compacted.output]
     assert kinds == ["message", "message", "compaction"]
-    assert [m.content[0].text for m in compacted.output[:2]] == [  # type: ignore[union-attr]
+    assert [_text(m) for m in compacted.output[:2]] == [
         "Tell me about the lighthouse on Skerry Point.", "Who kept it in 1901?"]
     item = compacted.output[-1]
-    assert item.encrypted_content.startswith("chorus1.")  # type: ignore[union-attr]
-    assert LONG_ANSWER[:40] not in item.encrypted_content  # type: ignore[union-attr]
+    assert isinstance(item, ResponseCompactionItem), item
+    assert item.encrypted_content.startswith("chorus1.")
+    assert LONG_ANSWER[:40] not in item.encrypted_content
     assert compacted.usage.output_tokens > 0 and compacted.usage.input_tokens > 0
     # the summary was written by the model, asked with the whole conversation
     assert INSTRUCTION in stack.engine_prompt(compacted.id)
     assert LONG_ANSWER[:80] in stack.engine_prompt(compacted.id)
 
-    follow = raw.http_response.json()["output"]  # sent back as it came
+    follow: ResponseInputParam = raw.http_response.json()["output"]  # sent back as it came
     follow.append({"role": "user", "content": "And after 1923?"})
-    answer = client.responses.create(model=MODEL, input=follow)  # type: ignore[arg-type]
+    answer = client.responses.create(model=MODEL, input=follow)
     assert answer.status == "completed"
     prompt = stack.engine_prompt(answer.id)
     assert SUMMARY_HEADER in prompt and "And after 1923?" in prompt and "Skerry Point" in prompt
@@ -52,13 +77,13 @@ def test_compact_returns_user_messages_and_a_sealed_item_that_renders_as_context
 
     # the same item over a WebSocket
     with client.responses.connect() as conn:
-        conn.response.create(model=MODEL, input=follow, store=False)  # type: ignore[arg-type]
+        conn.response.create(model=MODEL, input=follow, store=False)
         events = list(_until_done(conn))
     assert events[-1].type == "response.completed"
     assert SUMMARY_HEADER in stack.engine_prompt(events[-1].response.id)
 
 
-def _until_done(conn: Any) -> Any:
+def _until_done(conn: ResponsesConnection) -> Iterator[ResponsesServerEvent]:
     for event in conn:
         yield event
         if event.type in ("response.completed", "response.failed", "error"):
@@ -72,16 +97,16 @@ def test_compact_requires_a_model_and_refuses_foreign_items(stack: RunningStack)
         stack.client().responses.create(model=MODEL, input=[
             {"type": "compaction", "encrypted_content": "chorus1.forged"},
             {"role": "user", "content": "hi"}])
-    assert info.value.body["param"] == "input[0].encrypted_content"  # type: ignore[index]
+    assert _error_param(info.value) == "input[0].encrypted_content"
 
 
 def test_compact_a_stored_chain(stack: RunningStack) -> None:
     client = stack.client()
-    first = client.responses.create(model=MODEL, input=history())  # type: ignore[arg-type]
+    first = client.responses.create(model=MODEL, input=history())
     compacted = client.responses.compact(model=MODEL, previous_response_id=first.id,
                                          input="Keep the dates.")
     assert [i.type for i in compacted.output][-1] == "compaction"
-    texts = [i.content[0].text for i in compacted.output if i.type == "message"]  # type: ignore[union-attr]
+    texts = [_text(i) for i in compacted.output if i.type == "message"]
     assert texts[-1] == "Keep the dates." and "Who kept it in 1901?" in texts
     with pytest.raises(openai.NotFoundError):
         client.responses.compact(model=MODEL, previous_response_id="resp_missing", input="x")
@@ -90,7 +115,7 @@ def test_compact_a_stored_chain(stack: RunningStack) -> None:
 def test_context_management_compacts_when_the_prompt_passes_the_threshold(stack: RunningStack) -> None:
     client = stack.client()
     events = list(client.responses.create(
-        model=MODEL, input=[*history(), {"role": "user", "content": "Summarise his log."}],  # type: ignore[list-item]
+        model=MODEL, input=[*history(), {"role": "user", "content": "Summarise his log."}],
         context_management=[{"type": "compaction", "compact_threshold": 1000}], stream=True))
     kinds = [e.type for e in events]
     assert kinds[:3] == ["response.created", "response.in_progress", "response.compaction.compacting"]
@@ -98,7 +123,9 @@ def test_context_management_compacts_when_the_prompt_passes_the_threshold(stack:
     done = events[-1]
     assert done.type == "response.completed"
     output = done.response.output
-    assert output[0].type == "compaction" and output[0].id == events[2].item_id  # type: ignore[union-attr]
+    compacting = events[2]
+    assert isinstance(compacting, ResponseCompactionCompactingEvent), compacting
+    assert isinstance(output[0], ResponseCompactionItem) and output[0].id == compacting.item_id
     assert output[-1].type == "message"
     prompt = stack.engine_prompt(done.response.id)
     assert SUMMARY_HEADER in prompt and LONG_ANSWER[:80] not in prompt and "Summarise his log." in prompt
@@ -118,9 +145,9 @@ def test_context_management_compacts_when_the_prompt_passes_the_threshold(stack:
 
 def test_a_compaction_trigger_compacts_and_ends_the_response(stack: RunningStack) -> None:
     client = stack.client()
-    done = client.responses.create(model=MODEL, input=[*history(), {"type": "compaction_trigger"}])  # type: ignore[list-item]
+    done = client.responses.create(model=MODEL, input=[*history(), {"type": "compaction_trigger"}])
     assert done.status == "completed"
     assert [i.type for i in done.output] == ["compaction"]
     with pytest.raises(openai.BadRequestError) as info:
-        client.responses.create(model=MODEL, input=[{"type": "compaction_trigger"}, *history()])  # type: ignore[list-item]
-    assert info.value.body["param"] == "input[0]"  # type: ignore[index]
+        client.responses.create(model=MODEL, input=[{"type": "compaction_trigger"}, *history()])
+    assert _error_param(info.value) == "input[0]"

@@ -6,20 +6,32 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from typing import Any
 
 import openai
 import pytest
 import redis.asyncio as aioredis
+from openai.types.chat import ChatCompletionMessageFunctionToolCall
+from openai.types.responses import (
+    Response,
+    ResponseCompletedEvent,
+    ResponseMcpCallCompletedEvent,
+    ResponseOutputItemDoneEvent,
+)
+from openai.types.responses.mcp_tool_call_error import McpToolExecutionError
+from openai.types.responses.response_function_web_search import ActionSearch
+from openai.types.responses.response_output_item import McpCall
+from openai.types.responses.tool_param import CodeInterpreter, Mcp, McpAllowedTools, McpRequireApproval
 
 from tests.e2e.conftest import MODEL, RunningStack, Stacks
 from tests.mcp_servers import hanging_server, serve_mcp, silent_port
 
 
-def error_text(call: Any) -> str:
+def error_text(call: McpCall) -> str:
     """A failed mcp_call's error text (typed as a tool execution error)."""
-    assert call.error is not None and call.error.type == "mcp_tool_execution_error"
-    return "".join(part["text"] for part in call.error.content)
+    error = call.error
+    assert isinstance(error, McpToolExecutionError)
+    assert isinstance(error.content, list)  # typed `object` by the SDK: the MCP content parts
+    return "".join(part["text"] for part in error.content)
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +39,20 @@ def mcp_stack(stacks: Stacks) -> RunningStack:
     return stacks.get("mcp")
 
 
-def _mcp(url: str, **kw) -> dict:  # type: ignore[no-untyped-def]
-    return {"type": "mcp", "server_label": "t", "server_url": url, "require_approval": "never", **kw}
+def _mcp(url: str, *, allowed_tools: McpAllowedTools | None = None, require_approval: McpRequireApproval = "never",
+         authorization: str | None = None, headers: dict[str, str] | None = None) -> Mcp:
+    """An mcp tool for server "t" at ``url``; the optional fields are sent only when given."""
+    tool: Mcp = {"type": "mcp", "server_label": "t", "server_url": url, "require_approval": require_approval}
+    if allowed_tools is not None:
+        tool["allowed_tools"] = allowed_tools
+    if authorization is not None:
+        tool["authorization"] = authorization
+    if headers is not None:
+        tool["headers"] = headers
+    return tool
 
 
-def _types(resp) -> list[str]:  # type: ignore[no-untyped-def]
+def _types(resp: Response) -> list[str]:
     return [i.type for i in resp.output]
 
 
@@ -43,6 +64,7 @@ async def test_list_call_and_answer(mcp_stack: RunningStack) -> None:
     assert resp.status == "completed"
     assert _types(resp)[0] == "mcp_list_tools" and _types(resp)[-1] == "message"
     listing = resp.output[0]
+    assert listing.type == "mcp_list_tools"
     assert listing.server_label == "t" and {"add", "echo", "get_weather"} <= {t.name for t in listing.tools}
     (call,) = [i for i in resp.output if i.type == "mcp_call"]
     assert call.name == "add" and call.server_label == "t" and call.output == "2" and call.error is None
@@ -50,7 +72,7 @@ async def test_list_call_and_answer(mcp_stack: RunningStack) -> None:
     # usage sums both model turns
     turns = [r for r in mcp_stack.engine_requests() if r["request_id"].split(".")[0] == resp.id]
     assert len(turns) == 2
-    assert resp.usage.input_tokens == sum(r["prompt_tokens"] for r in turns)
+    assert resp.usage is not None and resp.usage.input_tokens == sum(r["prompt_tokens"] for r in turns)
 
 
 async def test_allowed_tools_hide_the_rest(mcp_stack: RunningStack) -> None:
@@ -58,7 +80,8 @@ async def test_allowed_tools_hide_the_rest(mcp_stack: RunningStack) -> None:
     async with serve_mcp() as server:
         resp = await client.responses.create(model=MODEL, input="Please echo hello",
                                              tools=[_mcp(server.url, allowed_tools=["echo"])])
-    assert [t.name for t in resp.output[0].tools] == ["echo"]
+    listing = resp.output[0]
+    assert listing.type == "mcp_list_tools" and [t.name for t in listing.tools] == ["echo"]
     prompt = mcp_stack.engine_prompt(resp.id)
     assert "echo" in prompt and "secret_tool" not in prompt and "type add" not in prompt
 
@@ -75,7 +98,7 @@ async def test_approval_round_trip(mcp_stack: RunningStack) -> None:
             model=MODEL, previous_response_id=first.id, tools=tools,
             input=[{"type": "mcp_approval_response", "approval_request_id": ask.id, "approve": True}])
         (call,) = [i for i in approved.output if i.type == "mcp_call"]
-        assert call.approval_request_id == ask.id and "Sunny" in call.output
+        assert call.approval_request_id == ask.id and call.output is not None and "Sunny" in call.output
         assert "Sunny" in approved.output_text
         declined = await client.responses.create(
             model=MODEL, previous_response_id=first.id, tools=tools,
@@ -111,7 +134,8 @@ async def test_failures_are_results(mcp_stack: RunningStack) -> None:
         down = await client.responses.create(model=MODEL, input="hi there",
                                              tools=[_mcp(f"http://127.0.0.1:{port}/mcp")])
     assert down.status == "completed"
-    assert down.output[0].type == "mcp_list_tools" and down.output[0].error
+    listing = down.output[0]
+    assert listing.type == "mcp_list_tools" and listing.error
 
 
 async def test_streaming_events_tell_the_truth(mcp_stack: RunningStack) -> None:
@@ -125,16 +149,16 @@ async def test_streaming_events_tell_the_truth(mcp_stack: RunningStack) -> None:
                 pass
             final = await stream.get_final_response()
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    kinds = [e.type for e in events]
+    kinds: list[str] = [e.type for e in events]
     order = ["response.created", "response.mcp_list_tools.in_progress", "response.mcp_list_tools.completed",
              "response.mcp_call.in_progress", "response.mcp_call_arguments.delta",
              "response.mcp_call_arguments.done", "response.mcp_call.completed", "response.completed"]
     positions = [kinds.index(k) for k in order]
     assert positions == sorted(positions)
-    call_index = next(e.output_index for e in events if e.type == "response.mcp_call.completed")
-    done = next(e for e in events if e.type == "response.output_item.done" and e.output_index == call_index)
+    call_index = next(e.output_index for e in events if isinstance(e, ResponseMcpCallCompletedEvent))
+    done = next(e for e in events if isinstance(e, ResponseOutputItemDoneEvent) and e.output_index == call_index)
     assert kinds.index("response.mcp_call.completed") < events.index(done)
-    assert done.item.output == "2"
+    assert done.item.type == "mcp_call" and done.item.output == "2"
     assert [i.type for i in final.output].count("mcp_call") == 1
 
 
@@ -143,8 +167,9 @@ async def test_budget_spans_the_loop(mcp_stack: RunningStack) -> None:
     async with serve_mcp() as server:
         resp = await client.responses.create(model=MODEL, input="Please add two numbers with add",
                                              tools=[_mcp(server.url)], max_output_tokens=40)
-    assert resp.usage.output_tokens <= 40
-    assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
+    assert resp.usage is not None and resp.usage.output_tokens <= 40
+    assert resp.status == "incomplete"
+    assert resp.incomplete_details is not None and resp.incomplete_details.reason == "max_output_tokens"
 
 
 async def test_loopback_spellings_are_refused_unless_allowed(nats_url: str, redis_url: str) -> None:
@@ -181,7 +206,9 @@ async def test_chat_keeps_plain_function_calling(mcp_stack: RunningStack) -> Non
                                                 tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {
                                                     "type": "object", "properties": {"city": {"type": "string"}}}}}])
     assert resp.choices[0].finish_reason == "tool_calls"
-    assert json.loads(resp.choices[0].message.tool_calls[0].function.arguments)["city"] == "Oslo"
+    tool_calls = resp.choices[0].message.tool_calls
+    assert tool_calls is not None and isinstance(tool_calls[0], ChatCompletionMessageFunctionToolCall)
+    assert json.loads(tool_calls[0].function.arguments)["city"] == "Oslo"
 
 
 async def test_builtin_browser_routed_to_mcp(stacks: Stacks) -> None:
@@ -202,16 +229,20 @@ async def test_builtin_browser_routed_to_mcp(stacks: Stacks) -> None:
     async with serve_mcp(browser, port=stacks.builtin_port):
         events = [e async for e in await client.responses.create(
             model=MODEL, input=f"[[sim:raw={raw}]]", tools=[{"type": "web_search_preview"}], stream=True)]
-    final = events[-1].response
+    last = events[-1]
+    assert isinstance(last, ResponseCompletedEvent)
+    final = last.response
     assert final.status == "completed"
     (search_call,) = [i for i in final.output if i.type == "web_search_call"]
-    assert search_call.action.query == "chorus nats" and search_call.status == "completed"
+    assert isinstance(search_call.action, ActionSearch) and search_call.action.query == "chorus nats"
+    assert search_call.status == "completed"
     assert "3 results for chorus nats" in final.output_text
     kinds = [e.type for e in events]
     assert kinds.index("response.web_search_call.searching") < kinds.index("response.web_search_call.completed")
     assert "namespace browser {" in stack.engine_prompt(final.id)
+    code_interpreter: CodeInterpreter = {"type": "code_interpreter", "container": {"type": "auto"}}
     with pytest.raises(openai.BadRequestError):  # not configured on this stack
-        await mcp_stack_client(stacks).responses.create(model=MODEL, input="x", tools=[{"type": "code_interpreter"}])
+        await mcp_stack_client(stacks).responses.create(model=MODEL, input="x", tools=[code_interpreter])
 
 
 def mcp_stack_client(stacks: Stacks) -> openai.AsyncOpenAI:
@@ -246,23 +277,34 @@ async def test_mcp_credentials_are_used_and_never_echoed_logged_or_stored_in_cle
     assert token not in logs and key not in logs
 
 
+def _raw(reply: bytes | str | None) -> bytes:
+    """One reply of a client without decode_responses (bytes; None for a missing key) as bytes:
+    redis-py types replies as ``bytes | str`` whatever the client."""
+    assert not isinstance(reply, str)
+    return reply or b""
+
+
 async def redis_values(stack: RunningStack) -> list[bytes]:
     """Every value under the stack's namespace in Redis (strings, lists, sets, hashes, streams)."""
     r = aioredis.from_url(stack.redis_url)
     out: list[bytes] = []
     try:
         async for name in r.scan_iter(match=f"{stack.namespace}*", count=1000):
-            kind = (await r.type(name)).decode()
+            kind = _raw(await r.type(name)).decode()
             if kind == "string":
-                out.append(await r.get(name) or b"")
+                out.append(_raw(await r.get(name)))
             elif kind == "list":
-                out += await r.lrange(name, 0, -1)
+                out += [_raw(v) for v in await r.lrange(name, 0, -1)]
             elif kind == "set":
-                out += list(await r.smembers(name))
+                out += [_raw(v) for v in await r.smembers(name)]
             elif kind == "hash":
-                out += [k + b"=" + v for k, v in (await r.hgetall(name)).items()]
+                out += [_raw(k) + b"=" + _raw(v) for k, v in (await r.hgetall(name)).items()]
             elif kind == "stream":
-                out += [b"".join(k + v for k, v in fields.items()) for _, fields in await r.xrange(name)]
+                entries = await r.xrange(name)
+                assert entries is not None
+                for _, fields in entries:
+                    assert fields is not None
+                    out.append(b"".join(_raw(k) + _raw(v) for k, v in fields.items()))
     finally:
         await r.aclose()
     return out
