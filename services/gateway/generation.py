@@ -394,8 +394,10 @@ class Generations:
 
     async def cancel(self, generation_id: str, reason: str = "client_disconnected") -> None:
         self._active.pop(generation_id, None)
-        with contextlib.suppress(Exception):
+        try:
             await self.bus.publish(self.bus.subjects.cancel, Cancel(generation_id=generation_id, reason=reason))
+        except Exception:  # the bus is down: the dispatcher aborts it when this gateway's heartbeats stop
+            log.warning("cancelling generation %s: the bus refused the message", generation_id, exc_info=True)
 
     @contextlib.asynccontextmanager
     async def open(self, spec: GenerationSpec, *, resume: Replayed | None = None) -> AsyncIterator[Generation]:

@@ -5,14 +5,21 @@ the offending path."""
 from __future__ import annotations
 
 import pytest
-from openai.types.responses import Response, ResponseStreamEvent
+from openai.types.responses import (
+    Response,
+    ResponseOutputItemDoneEvent,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseStreamEvent,
+)
 from pydantic import TypeAdapter
 
-from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
+from contracts.messages.items import ConversationItem, FunctionCallItem, MessageItem, ReasoningItem
 from contracts.messages.parse import ItemAdded, ItemDelta, ItemDone, ParseEvent
 from services.gateway.errors import ApiError
-from services.gateway.responses.events import Event, EventWriter, ItemView, Output
+from services.gateway.responses.events import Event, EventWriter
 from services.gateway.responses.items import input_items, output_item
+from services.gateway.responses.output import ItemView, Output
 from services.gateway.responses.request import ResponsesRequest
 from services.gateway.validation import parse_body
 
@@ -79,20 +86,22 @@ def test_open_items_are_closed_incomplete() -> None:
     w.handle(ItemDelta(output_index=0, delta="partial"))
     events = w.close_open()
     last = events[-1]
-    assert last.type == "response.output_item.done"
-    assert last.item.status == "incomplete"  # type: ignore[union-attr]
-    assert last.item.content[0].text == "partial"  # type: ignore[union-attr]
+    assert isinstance(last, ResponseOutputItemDoneEvent) and isinstance(last.item, ResponseOutputMessage)
+    assert last.item.status == "incomplete"
+    text = last.item.content[0]
+    assert isinstance(text, ResponseOutputText) and text.text == "partial"
 
 
 def test_output_items_make_a_valid_response() -> None:
-    items = [ReasoningItem(id="rs_1", text="t"), MessageItem(id="msg_1", role="assistant", content="x"),
-             FunctionCallItem(id="fc_1", call_id="call_1", name="f", arguments="{}")]
+    items: list[ConversationItem] = [
+        ReasoningItem(id="rs_1", text="t"), MessageItem(id="msg_1", role="assistant", content="x"),
+        FunctionCallItem(id="fc_1", call_id="call_1", name="f", arguments="{}")]
     resp = Response.model_validate({
         "id": "resp_1", "object": "response", "created_at": 1, "model": "m", "parallel_tool_calls": True,
         "tool_choice": "auto", "tools": [], "status": "completed",
         "output": [output_item(i).model_dump() for i in items]})
     assert resp.output_text == "x"
-    assert resp.output[1].phase == "final_answer"  # type: ignore[union-attr]
+    assert isinstance(resp.output[1], ResponseOutputMessage) and resp.output[1].phase == "final_answer"
 
 
 def test_input_items_conversion_and_errors() -> None:
@@ -105,8 +114,10 @@ def test_input_items_conversion_and_errors() -> None:
     ]})
     items = input_items(req.input, {})
     assert [i.type for i in items] == ["message", "reasoning", "function_call", "function_call_output", "message"]
-    assert items[0].content == "ab" and items[1].text == "why" and all(i.id for i in items)  # type: ignore[union-attr]
-    assert items[4].channel == "commentary"  # type: ignore[union-attr]
+    assert isinstance(items[0], MessageItem) and items[0].content == "ab"
+    assert isinstance(items[1], ReasoningItem) and items[1].text == "why"
+    assert all(i.id for i in items)
+    assert isinstance(items[4], MessageItem) and items[4].channel == "commentary"
     with pytest.raises(ApiError) as err:
         input_items(_request({"input": [{"role": "user", "content": [
             {"type": "input_image", "image_url": "x"}]}]}).input, {})

@@ -24,8 +24,9 @@ from contracts.messages.items import ConversationItem
 from contracts.messages.parse import ParseEvent
 from services.gateway.context import GatewayContext
 from services.gateway.responses.persist import dump, finish
+from services.gateway.responses.prepare import Prepared
 from services.gateway.responses.request import McpToolParam, ResponsesRequest
-from services.gateway.responses.run import Prepared, ResponseRun, Resume, RunCheckpoint, Step
+from services.gateway.responses.run import ResponseRun, Resume, RunCheckpoint, Step
 from services.gateway.store import ResponseStore, StoredResponse
 
 log = logging.getLogger("chorus.gateway.background")
@@ -89,9 +90,7 @@ class Background:
             self._sweeper.cancel()
         for task in list(self.tasks.values()):
             task.cancel()
-        for task in list(self.tasks.values()):
-            with contextlib.suppress(BaseException):
-                await task
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)  # their ends, not ours
 
     async def on_cancel(self, msg: CancelResponse) -> None:
         self._cancel(msg.response_id)

@@ -3,16 +3,11 @@ bookkeeping clients depend on: a strictly increasing ``sequence_number``, one ``
 per item across every model turn, ``content_index`` from 0 in each item, every ``.added``
 matched by its ``.done``, ``item_id`` on every delta.
 
-``Output`` owns what the run has produced (items by output index, the items still streaming);
 ``EventWriter`` turns parser events and items Chorus makes itself into stream events and
-records them in ``Output``. How an item is shown (an MCP call, a web search, a reasoning item
-with a sealed copy or a summary) is ``ItemView``'s business."""
+records them in the run's ``Output``; how an item is shown is ``ItemView``'s business (both in
+output.py)."""
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from openai.types.responses import (
     ResponseContentPartAddedEvent,
@@ -43,12 +38,8 @@ from openai.types.responses import (
     ResponseWebSearchCallInProgressEvent,
     ResponseWebSearchCallSearchingEvent,
 )
-from openai.types.responses.response_content_part_added_event import (
-    PartReasoningText as AddedReasoningText,
-)
-from openai.types.responses.response_content_part_done_event import (
-    PartReasoningText as DoneReasoningText,
-)
+from openai.types.responses.response_content_part_added_event import PartReasoningText as AddedReasoningText
+from openai.types.responses.response_content_part_done_event import PartReasoningText as DoneReasoningText
 from openai.types.responses.response_reasoning_summary_part_added_event import Part as AddedSummary
 from openai.types.responses.response_reasoning_summary_part_done_event import Part as DoneSummary
 
@@ -62,73 +53,10 @@ from contracts.messages.items import (
     ReasoningItem,
 )
 from contracts.messages.parse import ItemAdded, ItemDelta, ItemDone, ParseEvent
-from services.gateway.responses.items import output_item
+from services.gateway.responses.output import ItemView, Open, Output
 
 Event = ResponseStreamEvent
 BUILTIN_NAMESPACES = ("browser", "python", "container")
-
-
-@dataclass
-class ItemView:
-    """How parsed items are shown: calls into an MCP server's namespace as ``mcp_call`` (or
-    ``mcp_approval_request``), python/container calls as reasoning (as vLLM does), reasoning
-    with a sealed copy (``include: reasoning.encrypted_content``) and a summary."""
-
-    mcp_labels: frozenset[str] = frozenset()
-    needs_approval: Callable[[str, str], bool] = lambda label, name: False
-    seal: Callable[[str], str] | None = None
-    summary: bool = False
-
-    def show(self, item: ConversationItem) -> ConversationItem:
-        if isinstance(item, FunctionCallItem):
-            if item.namespace in self.mcp_labels:
-                suffix = (item.id or "").split("_", 1)[-1]
-                if self.needs_approval(item.namespace, item.name):
-                    return McpApprovalRequestItem(id=f"mcpr_{suffix}", server_label=item.namespace,
-                                                  name=item.name, arguments=item.arguments)
-                return McpCallItem(id=f"mcp_{suffix}", server_label=item.namespace, name=item.name,
-                                   arguments=item.arguments, status=item.status)
-            if item.namespace in ("python", "container"):
-                return ReasoningItem(id=item.id, text=item.arguments, status=item.status)
-        return item
-
-    def json(self, item: ConversationItem, *, streaming_start: bool = False) -> Any:
-        return output_item(item, streaming_start=streaming_start, seal=self.seal, summary=self.summary)
-
-
-@dataclass
-class Open:
-    item: ConversationItem
-    texts: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Output:
-    """Everything the run has produced, by output index."""
-
-    done: dict[int, ConversationItem] = field(default_factory=dict)
-    open: dict[int, Open] = field(default_factory=dict)
-    offset: int = 0  # output_index of the current model turn's first item
-    turn_max: int = -1  # highest local index seen in the current turn
-    seq: int = 0
-
-    @property
-    def items(self) -> list[ConversationItem]:
-        return [self.done[i] for i in sorted(self.done)]
-
-    def indexed(self) -> list[tuple[int, ConversationItem]]:
-        return sorted(self.done.items())
-
-    def turn_items(self) -> list[ConversationItem]:
-        return [self.done[i] for i in sorted(self.done) if i >= self.offset]
-
-    @property
-    def next_index(self) -> int:
-        return self.offset + self.turn_max + 1
-
-    def next_turn(self) -> None:
-        self.offset = self.next_index
-        self.turn_max = -1
 
 
 class EventWriter:
@@ -164,32 +92,74 @@ class EventWriter:
         index = out_state.offset + local
         out_state.open[index] = Open(item)
         item_id = getattr(item, "id", None) or ""
-        out: list[Event] = [ResponseOutputItemAddedEvent(
-            type="response.output_item.added", sequence_number=self.seq(), output_index=index,
-            item=self.view.json(item, streaming_start=True))]
+        out: list[Event] = [
+            ResponseOutputItemAddedEvent(
+                type="response.output_item.added",
+                sequence_number=self.seq(),
+                output_index=index,
+                item=self.view.json(item, streaming_start=True),
+            )
+        ]
         if isinstance(item, McpCallItem):
-            out.append(ResponseMcpCallInProgressEvent(type="response.mcp_call.in_progress", sequence_number=self.seq(),
-                                                      item_id=item_id, output_index=index))
+            out.append(
+                ResponseMcpCallInProgressEvent(
+                    type="response.mcp_call.in_progress",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                )
+            )
         elif isinstance(item, FunctionCallItem) and item.namespace == "browser":
-            out.append(ResponseWebSearchCallInProgressEvent(
-                type="response.web_search_call.in_progress", sequence_number=self.seq(), item_id=item_id,
-                output_index=index))
+            out.append(
+                ResponseWebSearchCallInProgressEvent(
+                    type="response.web_search_call.in_progress",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                )
+            )
         elif isinstance(item, McpListToolsItem):
-            out.append(ResponseMcpListToolsInProgressEvent(
-                type="response.mcp_list_tools.in_progress", sequence_number=self.seq(), item_id=item_id,
-                output_index=index))
+            out.append(
+                ResponseMcpListToolsInProgressEvent(
+                    type="response.mcp_list_tools.in_progress",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                )
+            )
         elif isinstance(item, ReasoningItem):
-            out.append(ResponseContentPartAddedEvent(
-                type="response.content_part.added", sequence_number=self.seq(), item_id=item_id, output_index=index,
-                content_index=0, part=AddedReasoningText(type="reasoning_text", text="")))
+            out.append(
+                ResponseContentPartAddedEvent(
+                    type="response.content_part.added",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=AddedReasoningText(type="reasoning_text", text=""),
+                )
+            )
             if self.view.summary:
-                out.append(ResponseReasoningSummaryPartAddedEvent(
-                    type="response.reasoning_summary_part.added", sequence_number=self.seq(), item_id=item_id,
-                    output_index=index, summary_index=0, part=AddedSummary(type="summary_text", text="")))
+                out.append(
+                    ResponseReasoningSummaryPartAddedEvent(
+                        type="response.reasoning_summary_part.added",
+                        sequence_number=self.seq(),
+                        item_id=item_id,
+                        output_index=index,
+                        summary_index=0,
+                        part=AddedSummary(type="summary_text", text=""),
+                    )
+                )
         elif isinstance(item, MessageItem):
-            out.append(ResponseContentPartAddedEvent(
-                type="response.content_part.added", sequence_number=self.seq(), item_id=item_id, output_index=index,
-                content_index=0, part=ResponseOutputText(type="output_text", text="", annotations=[], logprobs=[])))
+            out.append(
+                ResponseContentPartAddedEvent(
+                    type="response.content_part.added",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=ResponseOutputText(type="output_text", text="", annotations=[], logprobs=[]),
+                )
+            )
         return out
 
     def _delta(self, local: int, delta: str) -> list[Event]:
@@ -201,26 +171,60 @@ class EventWriter:
         item = open_.item
         item_id = getattr(item, "id", None) or ""
         if isinstance(item, ReasoningItem):
-            out: list[Event] = [ResponseReasoningTextDeltaEvent(
-                type="response.reasoning_text.delta", sequence_number=self.seq(), item_id=item_id,
-                output_index=index, content_index=0, delta=delta)]
+            out: list[Event] = [
+                ResponseReasoningTextDeltaEvent(
+                    type="response.reasoning_text.delta",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    delta=delta,
+                )
+            ]
             if self.view.summary:
-                out.append(ResponseReasoningSummaryTextDeltaEvent(
-                    type="response.reasoning_summary_text.delta", sequence_number=self.seq(), item_id=item_id,
-                    output_index=index, summary_index=0, delta=delta))
+                out.append(
+                    ResponseReasoningSummaryTextDeltaEvent(
+                        type="response.reasoning_summary_text.delta",
+                        sequence_number=self.seq(),
+                        item_id=item_id,
+                        output_index=index,
+                        summary_index=0,
+                        delta=delta,
+                    )
+                )
             return out
         if isinstance(item, MessageItem):
-            return [ResponseTextDeltaEvent(type="response.output_text.delta", sequence_number=self.seq(),
-                                           item_id=item_id, output_index=index, content_index=0, delta=delta,
-                                           logprobs=[])]
+            return [
+                ResponseTextDeltaEvent(
+                    type="response.output_text.delta",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    delta=delta,
+                    logprobs=[],
+                )
+            ]
         if isinstance(item, FunctionCallItem) and item.namespace != "browser":
-            return [ResponseFunctionCallArgumentsDeltaEvent(
-                type="response.function_call_arguments.delta", sequence_number=self.seq(), item_id=item_id,
-                output_index=index, delta=delta)]
+            return [
+                ResponseFunctionCallArgumentsDeltaEvent(
+                    type="response.function_call_arguments.delta",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                    delta=delta,
+                )
+            ]
         if isinstance(item, McpCallItem):
-            return [ResponseMcpCallArgumentsDeltaEvent(type="response.mcp_call_arguments.delta",
-                                                       sequence_number=self.seq(), item_id=item_id,
-                                                       output_index=index, delta=delta)]
+            return [
+                ResponseMcpCallArgumentsDeltaEvent(
+                    type="response.mcp_call_arguments.delta",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                    delta=delta,
+                )
+            ]
         return []
 
     def _done(self, local: int, item: ConversationItem) -> list[Event]:
@@ -231,55 +235,125 @@ class EventWriter:
         self.out.open.pop(index, None)
         item_id = getattr(item, "id", None) or ""
         if isinstance(item, ReasoningItem):
-            out.append(ResponseReasoningTextDoneEvent(type="response.reasoning_text.done", sequence_number=self.seq(),
-                                                      item_id=item_id, output_index=index, content_index=0,
-                                                      text=item.text))
-            out.append(ResponseContentPartDoneEvent(
-                type="response.content_part.done", sequence_number=self.seq(), item_id=item_id, output_index=index,
-                content_index=0, part=DoneReasoningText(type="reasoning_text", text=item.text)))
+            out.append(
+                ResponseReasoningTextDoneEvent(
+                    type="response.reasoning_text.done",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    text=item.text,
+                )
+            )
+            out.append(
+                ResponseContentPartDoneEvent(
+                    type="response.content_part.done",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=DoneReasoningText(type="reasoning_text", text=item.text),
+                )
+            )
             if self.view.summary:
-                out.append(ResponseReasoningSummaryTextDoneEvent(
-                    type="response.reasoning_summary_text.done", sequence_number=self.seq(), item_id=item_id,
-                    output_index=index, summary_index=0, text=item.text))
-                out.append(ResponseReasoningSummaryPartDoneEvent(
-                    type="response.reasoning_summary_part.done", sequence_number=self.seq(), item_id=item_id,
-                    output_index=index, summary_index=0, part=DoneSummary(type="summary_text", text=item.text)))
+                out.append(
+                    ResponseReasoningSummaryTextDoneEvent(
+                        type="response.reasoning_summary_text.done",
+                        sequence_number=self.seq(),
+                        item_id=item_id,
+                        output_index=index,
+                        summary_index=0,
+                        text=item.text,
+                    )
+                )
+                out.append(
+                    ResponseReasoningSummaryPartDoneEvent(
+                        type="response.reasoning_summary_part.done",
+                        sequence_number=self.seq(),
+                        item_id=item_id,
+                        output_index=index,
+                        summary_index=0,
+                        part=DoneSummary(type="summary_text", text=item.text),
+                    )
+                )
         elif isinstance(item, MessageItem):
-            out.append(ResponseTextDoneEvent(type="response.output_text.done", sequence_number=self.seq(),
-                                             item_id=item_id, output_index=index, content_index=0, text=item.content,
-                                             logprobs=[]))
-            out.append(ResponseContentPartDoneEvent(
-                type="response.content_part.done", sequence_number=self.seq(), item_id=item_id, output_index=index,
-                content_index=0, part=ResponseOutputText(type="output_text", text=item.content, annotations=[],
-                                                         logprobs=[])))
+            out.append(
+                ResponseTextDoneEvent(
+                    type="response.output_text.done",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    text=item.content,
+                    logprobs=[],
+                )
+            )
+            out.append(
+                ResponseContentPartDoneEvent(
+                    type="response.content_part.done",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                    content_index=0,
+                    part=ResponseOutputText(type="output_text", text=item.content, annotations=[], logprobs=[]),
+                )
+            )
         elif isinstance(item, FunctionCallItem) and item.namespace != "browser":
-            out.append(ResponseFunctionCallArgumentsDoneEvent.model_validate({
-                "type": "response.function_call_arguments.done", "sequence_number": self.seq(),
-                "item_id": item_id, "output_index": index, "arguments": item.arguments,
-                "name": item.name}))  # ``name`` as OpenAI sends it (not in openai-python's type)
+            out.append(
+                ResponseFunctionCallArgumentsDoneEvent.model_validate(
+                    {
+                        "type": "response.function_call_arguments.done",
+                        "sequence_number": self.seq(),
+                        "item_id": item_id,
+                        "output_index": index,
+                        "arguments": item.arguments,
+                        "name": item.name,
+                    }
+                )
+            )  # ``name`` as OpenAI sends it (not in openai-python's type)
         elif isinstance(item, FunctionCallItem) and item.status != "incomplete":  # browser
             # the search runs next (when a browser is configured); it is done after that
-            out.append(ResponseWebSearchCallSearchingEvent(type="response.web_search_call.searching",
-                                                           sequence_number=self.seq(), item_id=item_id,
-                                                           output_index=index))
+            out.append(
+                ResponseWebSearchCallSearchingEvent(
+                    type="response.web_search_call.searching",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                )
+            )
             self.searching[index] = item
             return out
         elif isinstance(item, McpCallItem) and item.output is None and item.error is None:
             # the model has called it; it runs next, and its output_item.done comes after that
-            out.append(ResponseMcpCallArgumentsDoneEvent(type="response.mcp_call_arguments.done",
-                                                         sequence_number=self.seq(), item_id=item_id,
-                                                         output_index=index, arguments=item.arguments))
+            out.append(
+                ResponseMcpCallArgumentsDoneEvent(
+                    type="response.mcp_call_arguments.done",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                    arguments=item.arguments,
+                )
+            )
             self.called_mcp.append((index, item))
             return out
         elif isinstance(item, McpCallItem):
             out.append(self._mcp_outcome(index, item))
         elif isinstance(item, McpListToolsItem):
-            out.append(ResponseMcpListToolsFailedEvent(type="response.mcp_list_tools.failed",
-                                                       sequence_number=self.seq(), item_id=item_id, output_index=index)
-                       if item.error else
-                       ResponseMcpListToolsCompletedEvent(type="response.mcp_list_tools.completed",
-                                                          sequence_number=self.seq(), item_id=item_id,
-                                                          output_index=index))
+            out.append(
+                ResponseMcpListToolsFailedEvent(
+                    type="response.mcp_list_tools.failed",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                )
+                if item.error
+                else ResponseMcpListToolsCompletedEvent(
+                    type="response.mcp_list_tools.completed",
+                    sequence_number=self.seq(),
+                    item_id=item_id,
+                    output_index=index,
+                )
+            )
         out.append(self._item_done(index, item))
         return out
 
@@ -288,15 +362,18 @@ class EventWriter:
         shown = self.view.json(item)
         if failed and hasattr(shown, "status"):
             shown = shown.model_copy(update={"status": "failed"})
-        return ResponseOutputItemDoneEvent(type="response.output_item.done", sequence_number=self.seq(),
-                                           output_index=index, item=shown)
+        return ResponseOutputItemDoneEvent(
+            type="response.output_item.done", sequence_number=self.seq(), output_index=index, item=shown
+        )
 
     def _mcp_outcome(self, index: int, item: McpCallItem) -> Event:
         if item.error:
-            return ResponseMcpCallFailedEvent(type="response.mcp_call.failed", sequence_number=self.seq(),
-                                              item_id=item.id, output_index=index)
-        return ResponseMcpCallCompletedEvent(type="response.mcp_call.completed", sequence_number=self.seq(),
-                                             item_id=item.id, output_index=index)
+            return ResponseMcpCallFailedEvent(
+                type="response.mcp_call.failed", sequence_number=self.seq(), item_id=item.id, output_index=index
+            )
+        return ResponseMcpCallCompletedEvent(
+            type="response.mcp_call.completed", sequence_number=self.seq(), item_id=item.id, output_index=index
+        )
 
     # items Chorus completes or makes itself ----------------------------------------------
     def complete_mcp(self, index: int, item: McpCallItem) -> list[Event]:
@@ -310,9 +387,14 @@ class EventWriter:
             return []
         out: list[Event] = []
         if ok:
-            out.append(ResponseWebSearchCallCompletedEvent(type="response.web_search_call.completed",
-                                                           sequence_number=self.seq(), item_id=item.id or "",
-                                                           output_index=index))
+            out.append(
+                ResponseWebSearchCallCompletedEvent(
+                    type="response.web_search_call.completed",
+                    sequence_number=self.seq(),
+                    item_id=item.id or "",
+                    output_index=index,
+                )
+            )
         out.append(self._item_done(index, item, failed=not ok))
         return out
 

@@ -27,8 +27,9 @@ from services.gateway.responses.compaction import CompactRequest, compact
 from services.gateway.responses.events import Event
 from services.gateway.responses.items import input_item
 from services.gateway.responses.persist import dump, finish
+from services.gateway.responses.prepare import prepare
 from services.gateway.responses.request import ResponsesRequest
-from services.gateway.responses.run import ResponseRun, prepare
+from services.gateway.responses.run import ResponseRun
 from services.gateway.responses.websocket import Socket
 from services.gateway.store import ResponseStore, StoredResponse
 from services.gateway.streaming import ClientGone, unless_client_leaves
@@ -130,7 +131,7 @@ async def stream_events(ctx: GatewayContext, run: ResponseRun, first: list[Event
             yield b"".join(sse(data, kind) for data, kind in encoded)
             batch = await anext(batches, None)
     finally:
-        with contextlib.suppress(BaseException):
+        with contextlib.suppress(Exception):  # the run's own failure was told already
             await batches.aclose()  # type: ignore[attr-defined]
         if run.status == "in_progress" and run.observed is not None:
             run.observed.finish(outcome="client_gone")

@@ -3,12 +3,12 @@
 Every transport (a JSON answer, an SSE stream, a background job, a WebSocket) drives the same
 ``ResponseRun``: ``events()`` yields typed stream events in batches (one per parser batch),
 ``response()`` is the object at any moment. A run loops over model turns so the tool loop can
-feed results back; usage and ``max_output_tokens`` count over the whole response."""
+feed results back; usage and ``max_output_tokens`` count over the whole response. The request
+is checked and its context loaded before (prepare.py); what each model turn asks the engine
+for is turn_spec.py's business."""
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -25,38 +25,25 @@ from openai.types.responses import (
 from pydantic import BaseModel, Field
 
 from contracts.errors import BusError
-from contracts.messages.encode import (
-    EncodeRequest,
-    FunctionTool,
-    NamedToolChoice,
-    ResponseFormat,
-    ToolNamespace,
-)
-from contracts.messages.generate import ParseSpec, SamplingParams
 from contracts.messages.items import CompactionItem, ConversationItem, MessageItem
 from contracts.messages.parse import Failed, Finished, ParseEvent, Usage
 from services.common import telemetry
 from services.common.bus import BusFailure
 from services.gateway import structured
 from services.gateway.context import GatewayContext
-from services.gateway.errors import STORAGE_DOWN, ApiError, invalid, public
+from services.gateway.errors import STORAGE_DOWN, ApiError, public
 from services.gateway.generation import Generation, GenerationSpec, Replayed
 from services.gateway.observe import Observed, current
 from services.gateway.responses.compaction import estimated_tokens, summarize, visible
-from services.gateway.responses.context import load_context, referenced
-from services.gateway.responses.events import Event, EventWriter, ItemView, Output
-from services.gateway.responses.items import Unseal, input_items, new_id
-from services.gateway.responses.request import (
-    NamedFunction,
-    ResponsesRequest,
-    TextFormatJsonObject,
-    TextFormatJsonSchema,
-)
+from services.gateway.responses.events import Event, EventWriter
+from services.gateway.responses.items import new_id
+from services.gateway.responses.output import ItemView, Output
+from services.gateway.responses.prepare import Prepared
+from services.gateway.responses.request import ResponsesRequest
 from services.gateway.responses.response import Status, build_response
 from services.gateway.responses.tool_loop import ToolLoop
-from services.gateway.store import ResponseStore
+from services.gateway.responses.turn_spec import response_format, turn_spec
 
-log = logging.getLogger("chorus.gateway.responses")
 RunStatus = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
 
 
@@ -94,38 +81,6 @@ class Step:
 
 
 @dataclass
-class Prepared:
-    """A validated request with what earlier turns left (a previous response, a conversation)."""
-
-    request: ResponsesRequest
-    response_id: str
-    created_at: int
-    context: list[ConversationItem]
-    inputs: list[ConversationItem]
-    store: ResponseStore  # as the caller's API key sees it
-
-
-async def prepare(ctx: GatewayContext, req: ResponsesRequest, store: ResponseStore, *,
-                  unseal: Unseal | None = None, context: list[ConversationItem] | None = None) -> Prepared:
-    """Check the model and tools, load the context. ``context`` given: the caller has it
-    (a WebSocket continuing a chain it holds)."""
-    ctx.check_model(req.model)
-    missing = [b for b in req.builtin_tools() if b not in ctx.settings.builtin_tools]
-    if "python" in missing:
-        raise invalid("The code_interpreter tool is not configured on this server (start Chorus with "
-                      "--builtin-tool python=URL of an MCP server).", "tools")
-    if "browser" in missing:  # clients (Codex) send it by default: left out, not refused
-        log.warning("a web_search tool was requested but no browser is configured "
-                    "(--builtin-tool browser=URL): the model is not offered one")
-    if req.stored or req.background or req.previous_response_id or req.conversation_id:
-        await store.ping()  # storage is needed: a 503 now, not after the generation ran
-    if context is None:
-        context = await load_context(store, req.previous_response_id, req.conversation_id)
-    return Prepared(req, new_id("resp"), int(time.time()), context,
-                    input_items(req.input, await referenced(store, req.input), unseal), store)
-
-
-@dataclass
 class ResponseRun:
     ctx: GatewayContext
     prepared: Prepared
@@ -143,8 +98,9 @@ class ResponseRun:
         req = self.request
         self.tools = ToolLoop.for_request(self.ctx, self.response_id, req.mcp_tools(), req.max_tool_calls)
         wants_sealed = bool(req.include and "reasoning.encrypted_content" in req.include)
-        self.view = ItemView(seal=self.seal if wants_sealed else None,
-                             summary=bool(req.reasoning and req.reasoning.wants_summary))
+        self.view = ItemView(
+            seal=self.seal if wants_sealed else None, summary=bool(req.reasoning and req.reasoning.wants_summary)
+        )
         self.writer = EventWriter(self.output, self.view)
 
     @property
@@ -158,9 +114,15 @@ class ResponseRun:
     # -- the response object -------------------------------------------------------------
     def response(self, status: Status | None = None) -> Response:
         return build_response(
-            self.request, response_id=self.response_id, created_at=self.prepared.created_at,
-            status=status or self.status, output=[self.view.json(i) for i in self.output.items],
-            usage=self.usage, error=self.error, incomplete_reason=self.incomplete_reason)
+            self.request,
+            response_id=self.response_id,
+            created_at=self.prepared.created_at,
+            status=status or self.status,
+            output=[self.view.json(i) for i in self.output.items],
+            usage=self.usage,
+            error=self.error,
+            incomplete_reason=self.incomplete_reason,
+        )
 
     def conversation(self) -> list[ConversationItem]:
         """Everything the next turn builds on: context, this input, this output (with tool
@@ -171,58 +133,32 @@ class ResponseRun:
         return out
 
     # -- generation -----------------------------------------------------------------------
-    @property
-    def response_format(self) -> ResponseFormat | None:
-        fmt = self.request.text.format if self.request.text else None
-        if isinstance(fmt, TextFormatJsonSchema):
-            return structured.response_format("json_schema", name=fmt.name, schema=fmt.schema_,
-                                              description=fmt.description, strict=fmt.strict)
-        if isinstance(fmt, TextFormatJsonObject):
-            return structured.response_format("json_object")
-        return None
-
     def observe(self, request: Any = None) -> Observed:
         """Start observing the run (the transport that runs it passes its HTTP request)."""
         req = self.request
-        self.observed = Observed.start(request, api="responses", model=req.model, request_id=self.response_id,
-                                       stream=bool(req.stream or req.background), max_tokens=req.max_output_tokens,
-                                       temperature=req.temperature, top_p=req.top_p)
+        self.observed = Observed.start(
+            request,
+            api="responses",
+            model=req.model,
+            request_id=self.response_id,
+            stream=bool(req.stream or req.background),
+            max_tokens=req.max_output_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+        )
         return self.observed
 
     def _spec(self, turn: int, trace: dict[str, str] | None = None) -> GenerationSpec | None:
-        req = self.request
-        limit = req.max_output_tokens
-        if limit is not None:
-            limit -= self.usage.completion_tokens
-            if limit <= 0:
-                return None
-        functions = [FunctionTool(name=t.name, description=t.description, parameters=t.parameters)
-                     for t in req.function_tools()]
-        namespaces = [ToolNamespace(name=ns.name, description=ns.description, tools=[
-            FunctionTool(name=t.name, description=t.description, parameters=t.parameters) for t in ns.tools])
-            for ns in req.namespace_tools()]
-        if self.tools.mcp is not None:
-            namespaces += self.tools.mcp.namespaces()
-        choice: Literal["auto", "none", "required"] | NamedToolChoice = "auto"
-        if isinstance(req.tool_choice, NamedFunction):
-            choice = NamedToolChoice(name=req.tool_choice.name)
-        elif req.tool_choice is not None:
-            choice = req.tool_choice
-        fmt = self.response_format
-        encode = EncodeRequest(model=req.model, items=visible(self.conversation()), instructions=req.instructions,
-                               response_format=fmt,
-                               tools=functions, namespaces=namespaces, tool_choice=choice,
-                               builtin_tools=[b for b in req.builtin_tools() if b in self.ctx.settings.builtin_tools],
-                               reasoning_effort=req.effort)
-        offered = [] if choice == "none" else req.function_tools()
-        parse = ParseSpec(request_id=self.response_id, turn=turn, tool_names=[t.name for t in offered],
-                          namespaces=[ns.name for ns in namespaces],
-                          tool_schemas={t.name: t.parameters or {} for t in offered})
-        named = req.tool_choice.name if isinstance(req.tool_choice, NamedFunction) else req.tool_choice
-        sampling = SamplingParams(max_tokens=limit or self.ctx.settings.default_max_tokens,
-                                  temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                                  constraint=structured.constraint(fmt, named, [t.name for t in req.function_tools()]))
-        return GenerationSpec(encode, sampling, parse, trace)
+        return turn_spec(
+            self.ctx,
+            self.request,
+            request_id=self.response_id,
+            turn=turn,
+            items=visible(self.conversation()),
+            mcp_namespaces=self.tools.mcp.namespaces() if self.tools.mcp is not None else [],
+            completion_tokens=self.usage.completion_tokens,
+            trace=trace,
+        )
 
     async def events(self) -> AsyncIterator[list[Event]]:
         """The whole response as event batches. Failures before the first model turn starts
@@ -260,8 +196,9 @@ class ResponseRun:
                 opened = True
                 if self.request.compact_now or self.status != "in_progress":
                     break
-            turn_span = telemetry.child_span("responses.turn", self.observed.span if self.observed else None,
-                                             **{"chorus.turn": turn})
+            turn_span = telemetry.child_span(
+                "responses.turn", self.observed.span if self.observed else None, **{"chorus.turn": turn}
+            )
             spec = self._spec(turn, telemetry.carrier_of(turn_span))
             if spec is None:
                 turn_span.end()
@@ -312,8 +249,10 @@ class ResponseRun:
     # -- compaction ---------------------------------------------------------------------------
     def _over_threshold(self) -> bool:
         threshold = self.request.compact_threshold
-        return threshold is not None and \
-            estimated_tokens(visible(self.conversation()), self.request.instructions) >= threshold
+        return (
+            threshold is not None
+            and estimated_tokens(visible(self.conversation()), self.request.instructions) >= threshold
+        )
 
     async def _compact(self, opening: list[Event]) -> AsyncIterator[list[Event]]:
         """The conversation so far condensed into a compaction item (an output item): later
@@ -321,12 +260,21 @@ class ResponseRun:
         w = self.writer
         item_id = new_id("cmp")
         index = self.output.next_index
-        yield [*opening, ResponseCompactionCompactingEvent(
-            type="response.compaction.compacting", item_id=item_id, output_index=index, sequence_number=w.seq())]
+        yield [
+            *opening,
+            ResponseCompactionCompactingEvent(
+                type="response.compaction.compacting", item_id=item_id, output_index=index, sequence_number=w.seq()
+            ),
+        ]
         try:
-            summary, usage = await summarize(self.ctx, model=self.request.model, items=visible(self.conversation()),
-                                             instructions=self.request.instructions, request_id=item_id,
-                                             trace=telemetry.carrier_of(self.observed.span) if self.observed else None)
+            summary, usage = await summarize(
+                self.ctx,
+                model=self.request.model,
+                items=visible(self.conversation()),
+                instructions=self.request.instructions,
+                request_id=item_id,
+                trace=telemetry.carrier_of(self.observed.span) if self.observed else None,
+            )
         except (ApiError, BusFailure) as exc:
             self.fail(f"Compacting the conversation failed: {public(exc.error).message}")
             return
@@ -349,12 +297,17 @@ class ResponseRun:
     def _opening(self, prelude: list[Event]) -> list[Event]:
         """created and in_progress, then what came before the first turn (MCP listings)."""
         w = self.writer
-        return w.renumber([
-            ResponseCreatedEvent(type="response.created", sequence_number=w.seq(),
-                                 response=self.response("in_progress")),
-            ResponseInProgressEvent(type="response.in_progress", sequence_number=w.seq(),
-                                    response=self.response("in_progress")),
-            *prelude])
+        return w.renumber(
+            [
+                ResponseCreatedEvent(
+                    type="response.created", sequence_number=w.seq(), response=self.response("in_progress")
+                ),
+                ResponseInProgressEvent(
+                    type="response.in_progress", sequence_number=w.seq(), response=self.response("in_progress")
+                ),
+                *prelude,
+            ]
+        )
 
     def _apply(self, batch: list[ParseEvent]) -> list[Event]:
         """A parser batch -> stream events, and what ends the turn (usage, status)."""
@@ -382,9 +335,15 @@ class ResponseRun:
     # -- taking a run over ------------------------------------------------------------------
     def checkpoint(self, turn: int) -> RunCheckpoint:
         """The run's state before model turn ``turn`` (nothing is streaming then)."""
-        return RunCheckpoint(turn=turn, done=dict(self.output.done), offset=self.output.offset,
-                             seq=self.output.seq, usage=self.usage, calls_run=self.tools.calls_run,
-                             history=dict(self.tools.history))
+        return RunCheckpoint(
+            turn=turn,
+            done=dict(self.output.done),
+            offset=self.output.offset,
+            seq=self.output.seq,
+            usage=self.usage,
+            calls_run=self.tools.calls_run,
+            history=dict(self.tools.history),
+        )
 
     def restore(self, checkpoint: RunCheckpoint) -> None:
         self.output.done = dict(checkpoint.done)
@@ -396,11 +355,17 @@ class ResponseRun:
 
     def _add_usage(self, u: Usage) -> None:
         a = self.usage
-        cached = None if a.cached_tokens is None and u.cached_tokens is None else (
-            (a.cached_tokens or 0) + (u.cached_tokens or 0))
-        self.usage = Usage(prompt_tokens=a.prompt_tokens + u.prompt_tokens,
-                           completion_tokens=a.completion_tokens + u.completion_tokens,
-                           reasoning_tokens=a.reasoning_tokens + u.reasoning_tokens, cached_tokens=cached)
+        cached = (
+            None
+            if a.cached_tokens is None and u.cached_tokens is None
+            else ((a.cached_tokens or 0) + (u.cached_tokens or 0))
+        )
+        self.usage = Usage(
+            prompt_tokens=a.prompt_tokens + u.prompt_tokens,
+            completion_tokens=a.completion_tokens + u.completion_tokens,
+            reasoning_tokens=a.reasoning_tokens + u.reasoning_tokens,
+            cached_tokens=cached,
+        )
 
     def fail(self, message: str, code: str = "server_error") -> None:
         self.status = "failed"
@@ -413,7 +378,7 @@ class ResponseRun:
 
     def _check_format(self) -> None:
         """The final answer against text.format (the engine's grammar should have made it so)."""
-        fmt = self.response_format
+        fmt = response_format(self.request)
         answers = [i for i in self.output.items if isinstance(i, MessageItem) and i.channel in (None, "final")]
         if fmt is None or not answers:
             return
@@ -428,9 +393,12 @@ class ResponseRun:
 
     def final_event(self) -> Event:
         if self.observed is not None:
-            self.observed.finish(outcome=self.status, usage=self.usage,
-                                 finish_reasons=self.finish_reasons or ["error"],
-                                 error=self.error["message"] if self.error else None)
+            self.observed.finish(
+                outcome=self.status,
+                usage=self.usage,
+                finish_reasons=self.finish_reasons or ["error"],
+                error=self.error["message"] if self.error else None,
+            )
         response = self.response()
         seq = self.writer.seq()
         if self.status == "completed":

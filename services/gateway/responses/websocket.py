@@ -28,8 +28,9 @@ from services.common.bus import BusFailure
 from services.gateway.context import GatewayContext
 from services.gateway.errors import STORAGE_DOWN, ApiError, public
 from services.gateway.responses.persist import dump, finish
+from services.gateway.responses.prepare import prepare
 from services.gateway.responses.request import ResponsesRequest
-from services.gateway.responses.run import ResponseRun, prepare
+from services.gateway.responses.run import ResponseRun
 from services.gateway.store import ResponseStore
 from services.gateway.validation import parse_json, validate
 
@@ -72,9 +73,7 @@ class Socket:
         finally:
             for task in list(self.active):
                 task.cancel()
-            for task in list(self.active):
-                with contextlib.suppress(BaseException):
-                    await task
+            await asyncio.gather(*self.active, return_exceptions=True)  # their ends, not ours
             with contextlib.suppress(Exception):
                 await self.ws.close()
 
