@@ -13,6 +13,7 @@ model output."""
 
 from __future__ import annotations
 
+import enum
 import json
 import re
 
@@ -27,8 +28,22 @@ _ESCAPES = frozenset('"\\/bfnrtu')
 _LITERALS = {"t": "true", "f": "false", "n": "null"}
 _CLOSER = {"{": "}", "[": "]"}
 
-# what the scanner expects next (outside strings)
-_VALUE, _ARR0, _KEY, _OBJ0, _COLON, _AFTER, _END = range(7)
+
+
+class _Expect(enum.Enum):
+    """What the scanner expects next (outside strings)."""
+
+    VALUE = "a value"
+    ARR0 = "a value or ] (just after [)"
+    KEY = "a key"
+    OBJ0 = "a key or } (just after {)"
+    COLON = "a colon"
+    AFTER = ", or a closer (after a value)"
+    END = "nothing (the top-level value is complete)"
+
+
+# module names for the members: the per-character loop compares against globals
+_VALUE, _ARR0, _KEY, _OBJ0, _COLON, _AFTER, _END = _Expect
 
 
 def _loads_ok(text: str) -> bool:
@@ -111,7 +126,7 @@ class ArgumentStream:
             return fixed, ("arguments_repaired" if fixed != text else None)
         return text, "arguments_not_json"
 
-    def _after(self) -> int:
+    def _after(self) -> _Expect:
         return _AFTER if self._stack else _END
 
     def _scan(self, text: str) -> int:

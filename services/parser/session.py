@@ -18,6 +18,7 @@ model output."""
 from __future__ import annotations
 
 import base64
+import enum
 import functools
 import logging
 from codecs import utf_8_decode
@@ -55,7 +56,17 @@ log = logging.getLogger("chorus.parser")
 
 FIRST_SPECIAL = 199998  # o200k: ids below are ordinary text tokens
 TERMINATORS = (END, RETURN, CALL)
-_HEADER, _CONTENT, _BETWEEN = 0, 1, 2
+
+
+class _At(enum.Enum):
+    """Where in the Harmony framing the next token falls."""
+
+    HEADER = "header"  # after <|start|>: role, channel, recipient, constrain, up to <|message|>
+    CONTENT = "content"  # after <|message|>: the message body, up to a terminator
+    BETWEEN = "between"  # after a terminator: only <|start|> (or stray text) can follow
+
+
+_HEADER, _CONTENT, _BETWEEN = _At.HEADER, _At.CONTENT, _At.BETWEEN
 
 
 @functools.cache
@@ -88,10 +99,9 @@ class ParseSession:
         self.recoveries: Counter[str] = Counter()
         self.tokens_seen = 0
         self.reasoning_tokens = 0
-        self.batches_seen = 0
         self._out = OutputItems(request_id, turn, list(tool_names or []), list(namespaces or []),
                                 tool_schemas or {}, self.recoveries)
-        self._state = _HEADER  # the prompt ended with <|start|>assistant
+        self._state: _At = _HEADER  # the prompt ended with <|start|>assistant
         self._sections: dict[str, list[int]] = {"role": []}
         self._section = "role"
         self._item: OpenItem | None = None
@@ -99,7 +109,6 @@ class ParseSession:
 
     # -- public ---------------------------------------------------------------------------
     def feed(self, token_ids: list[int]) -> list[ParseEvent]:
-        self.batches_seen += 1
         n = len(token_ids)
         entry = self._item
         if entry is not None and n and (
