@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import nats
@@ -114,7 +114,8 @@ class ByGeneration(Generic[G]):
 
 
 @contextlib.asynccontextmanager
-async def running(run: Callable[..., Awaitable[None]], settings: Any, **kw: Any) -> AsyncIterator[asyncio.Event]:
+async def running(run: Callable[..., Coroutine[Any, Any, None]], settings: Any,
+                  **kw: Any) -> AsyncIterator[asyncio.Event]:
     """Run a service's ``run(settings, stop, ready=...)`` until the block ends; yields ``stop``."""
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(run(settings, stop, ready=ready, **kw))

@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+from openai_harmony import HarmonyEncoding
 
 from services.common.harmony import harmony_encoding
 from services.common.infra import ensure_nats, ensure_redis
@@ -36,7 +37,7 @@ def namespace() -> str:
 
 
 @pytest.fixture(scope="session")
-def encoding():  # type: ignore[no-untyped-def]
+def encoding() -> HarmonyEncoding:
     return harmony_encoding()
 
 

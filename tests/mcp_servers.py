@@ -145,8 +145,9 @@ class _Recorder:
 
 
 class _Server(uvicorn.Server):
-    def capture_signals(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()  # leave the test process's signal handlers alone
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # leave the test process's signal handlers alone
 
 
 def listening_socket(port: int = 0) -> socket.socket:
@@ -195,8 +196,9 @@ async def serve_mcp(
         url = f"http://127.0.0.1:{port}/mcp"
     running = RunningServer(url=url, port=port)
     config = uvicorn.Config(
-        _Recorder(app, running.requests), log_level="warning", timeout_graceful_shutdown=0.25,
-        lifespan="on",
+        _Recorder(app, running.requests), log_level="warning", lifespan="on",
+        # uvicorn annotates whole seconds, but waits any number of them (asyncio.wait_for)
+        timeout_graceful_shutdown=0.25,  # type: ignore[arg-type]
     )
     uv = _Server(config)
     async with asyncio.TaskGroup() as tg:

@@ -27,6 +27,7 @@ from services.common.infra import ManagedProcess, free_port, wait_for_port
 
 MODEL = "openai/gpt-oss-20b"
 Samples = dict[str, list[tuple[dict[str, str], float]]]  # /metrics: sample name -> (labels, value)
+EngineRecord = dict[str, Any]  # one request as the simulated engine recorded it (its JSON)
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
@@ -84,12 +85,13 @@ class RunningStack:
         """The sum of the samples of ``name`` in the gateway's /metrics that carry ``labels``."""
         return total(self.metrics(), name, **labels)
 
-    def engine_requests(self) -> list[dict]:
+    def engine_requests(self) -> list[EngineRecord]:
         assert self.engine_url
-        return httpx.get(f"{self.engine_url}/sim/requests", timeout=5).json()
+        records: list[EngineRecord] = httpx.get(f"{self.engine_url}/sim/requests", timeout=5).json()
+        return records
 
-    def wait_engine(self, predicate: Callable[[dict], bool], timeout: float = 10.0) -> dict:
-        """Wait until the engine has recorded a request matching ``predicate``."""
+    def wait_engine(self, predicate: Callable[[EngineRecord], object], timeout: float = 10.0) -> EngineRecord:
+        """Wait until the engine has recorded a request for which ``predicate`` is truthy."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for record in self.engine_requests():
@@ -108,7 +110,8 @@ class RunningStack:
             return str(record["prompt_text"])
         from services.common.harmony import harmony_encoding
 
-        return harmony_encoding().decode_utf8(record["prompt_token_ids"])
+        text: str = harmony_encoding().decode_utf8(record["prompt_token_ids"])
+        return text
 
     def children(self, needle: str) -> list[int]:
         """Pids of `chorus up`'s children whose command line contains ``needle``
@@ -155,7 +158,7 @@ class RunningStack:
             p.stop()
 
 
-def _health(base_url: str) -> tuple[int, dict]:
+def _health(base_url: str) -> tuple[int, dict[str, Any]]:
     try:
         with urllib.request.urlopen(f"{base_url}/health", timeout=2) as resp:
             return resp.status, json.loads(resp.read())

@@ -37,9 +37,10 @@ def edit(value: Any, path: Path, change: Callable[[Any, str | int], None]) -> An
         parent = dict(value) if isinstance(value, dict) else list(value)
         change(parent, path[0])
         return parent
-    copy = dict(value) if isinstance(value, dict) else list(value)
-    copy[path[0]] = edit(value[path[0]], path[1:], change)  # type: ignore[index]
-    return copy
+
+    def descend(parent: Any, key: str | int) -> None:
+        parent[key] = edit(parent[key], path[1:], change)
+    return edit(value, path[:1], descend)
 
 
 def replaced(value: Any, path: Path, new: Any) -> Any:

@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import json
 import uuid
+from typing import Any, cast
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageParam,
+)
+from openai.types.shared_params import ResponseFormatJSONSchema
 
-from tests.e2e.conftest import MODEL, RunningStack, Stacks
+from tests.e2e.conftest import MODEL, EngineRecord, RunningStack, Stacks
 
-WEATHER_TOOL = {
+WEATHER_TOOL: ChatCompletionFunctionToolParam = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -48,7 +55,8 @@ def test_plain_completion(any_stack: RunningStack) -> None:
     assert resp.usage is not None and resp.usage.prompt_tokens > 0
     assert resp.usage.completion_tokens > 0
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
-    assert resp.usage.completion_tokens_details.reasoning_tokens > 0
+    details = resp.usage.completion_tokens_details
+    assert details is not None and (details.reasoning_tokens or 0) > 0
 
 
 def test_streamed_completion(any_stack: RunningStack) -> None:
@@ -69,7 +77,8 @@ def test_streamed_completion(any_stack: RunningStack) -> None:
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == ["stop"]
     usage_chunks = [c for c in chunks if not c.choices]
-    assert len(usage_chunks) == 1 and usage_chunks[0].usage.completion_tokens > 0
+    usage = usage_chunks[0].usage if len(usage_chunks) == 1 else None
+    assert usage is not None and usage.completion_tokens > 0
     assert chunks[-1] is usage_chunks[0]
     # the same request unstreamed says the same thing
     whole = client.chat.completions.create(
@@ -86,7 +95,7 @@ def test_tool_call(any_stack: RunningStack) -> None:
     )
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls"
-    (call,) = choice.message.tool_calls
+    (call,) = choice.message.tool_calls or []
     assert call.id.startswith("call_") and call.type == "function"
     assert call.function.name == "get_weather"
     assert isinstance(json.loads(call.function.arguments), dict)
@@ -101,9 +110,10 @@ def test_streamed_tool_call(any_stack: RunningStack) -> None:
         tools=[WEATHER_TOOL], stream=True,
     ))
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-    assert deltas[0].index == 0 and deltas[0].id.startswith("call_")
-    assert deltas[0].function.name == "get_weather"
-    args = "".join(d.function.arguments or "" for d in deltas)
+    assert deltas[0].index == 0 and (deltas[0].id or "").startswith("call_")
+    assert all(d.function for d in deltas)
+    assert deltas[0].function and deltas[0].function.name == "get_weather"
+    args = "".join(d.function.arguments or "" for d in deltas if d.function)
     assert json.loads(args)["city"]
     assert all(d.id is None for d in deltas[1:])
     assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
@@ -115,31 +125,36 @@ def test_tool_result_turn(any_stack: RunningStack) -> None:
         model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
         tools=[WEATHER_TOOL],
     )
-    call = first.choices[0].message.tool_calls[0]
+    call = (first.choices[0].message.tool_calls or [])[0]
+    assert call.type == "function"
     reasoning = (first.choices[0].message.model_extra or {}).get("reasoning")
-    messages = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "user", "content": "What is the weather in Paris?"},
-        {"role": "assistant", "content": None, "reasoning": reasoning,
-         "tool_calls": [{"id": call.id, "type": "function",
-                         "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        # ``reasoning`` (vLLM's field for the thought before the call) is not in openai-python's type
+        cast(ChatCompletionAssistantMessageParam, {
+            "role": "assistant", "content": None, "reasoning": reasoning,
+            "tool_calls": [{"id": call.id, "type": "function",
+                            "function": {"name": call.function.name, "arguments": call.function.arguments}}]}),
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 C"},
     ]
     second = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL])
     assert second.choices[0].finish_reason == "stop"
-    assert "Sunny, 24 C" in second.choices[0].message.content
+    assert "Sunny, 24 C" in (second.choices[0].message.content or "")
 
 
 def test_agent_history_with_reasoning_content_and_parallel_calls(stack: RunningStack) -> None:
     """OpenCode-style history: one assistant message with reasoning, content and two calls."""
     client = stack.client()
-    messages = [
+    messages: list[ChatCompletionMessageParam] = [
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Weather in Paris and Rome?"},
-        {"role": "assistant", "content": "Checking both.", "reasoning_content": "Two cities.",
-         "tool_calls": [
-             {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
-             {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}},
-         ]},
+        # off openai-python's type, as agents send it: ``reasoning_content``, and arguments as an object
+        cast(ChatCompletionAssistantMessageParam, {
+            "role": "assistant", "content": "Checking both.", "reasoning_content": "Two cities.",
+            "tool_calls": [
+                {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
+                {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}},
+            ]}),
         {"role": "tool", "tool_call_id": "call_a", "content": "Paris: rain"},
         {"role": "tool", "tool_call_id": "call_b", "content": "Rome: sun"},
     ]
@@ -154,7 +169,7 @@ def test_max_tokens_cut(stack: RunningStack) -> None:
         model=MODEL, messages=[{"role": "user", "content": "Tell me a long story"}], max_tokens=5
     )
     assert resp.choices[0].finish_reason == "length"
-    assert resp.usage.completion_tokens == 5
+    assert resp.usage is not None and resp.usage.completion_tokens == 5
 
 
 def test_client_disconnect_aborts_engine(stack: RunningStack) -> None:
@@ -215,7 +230,7 @@ def test_engine_down_is_a_clear_error(stacks: Stacks) -> None:
         ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
     ],
 )
-def test_bad_requests_get_openai_errors(stack: RunningStack, body: dict, param: str) -> None:
+def test_bad_requests_get_openai_errors(stack: RunningStack, body: dict[str, Any], param: str) -> None:
     with stack.http() as http:
         resp = http.post("/v1/chat/completions", json=body)
     assert resp.status_code == 400, resp.text
@@ -245,21 +260,25 @@ def test_penalties_reach_the_engine(stacks: Stacks) -> None:
         client = stack.client()
         resp = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                               presence_penalty=0.5, frequency_penalty=-1.25)
-        record = stack.wait_engine(lambda r, rid=resp.id: r.get("request_id") == rid)
+
+        def this_request(r: EngineRecord, rid: str = resp.id) -> bool:
+            return bool(r.get("request_id") == rid)
+
+        record = stack.wait_engine(this_request)
         params = record["params"] if name == "vllm" else record["params"]["sampling_params"]
         assert (params["presence_penalty"], params["frequency_penalty"]) == (0.5, -1.25), params
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                            presence_penalty=2.5)
-        assert err.value.body["param"] == "presence_penalty"  # type: ignore[index]
+        assert isinstance(err.value.body, dict) and err.value.body["param"] == "presence_penalty"
 
 
 def test_a_schema_no_answer_can_satisfy_is_a_400_before_any_work(stack: RunningStack) -> None:
     marker = f"unsatisfiable-{uuid.uuid4().hex[:8]}"
-    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
+    fmt: ResponseFormatJSONSchema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
         "a": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["a"]}}}
     with pytest.raises(openai.BadRequestError) as err:
         stack.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": marker}],
-                                               response_format=fmt)  # type: ignore[arg-type]
+                                               response_format=fmt)
     assert "minimum 5 above maximum 1" in err.value.message
     assert not [r for r in stack.engine_requests() if marker in r.get("prompt_text", "")]

@@ -194,7 +194,8 @@ def codex_turn(http: httpx.Client, history: list[dict[str, Any]]) -> dict[str, A
         assert resp.status_code == 200, resp.read()
         events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
     assert events[-1].get("type") == "response.completed", events[-3:]
-    return events[-1]["response"]
+    completed: dict[str, Any] = events[-1]["response"]
+    return completed
 
 
 @pytest.fixture

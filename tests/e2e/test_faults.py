@@ -12,7 +12,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import openai
@@ -74,14 +74,14 @@ async def responses_stream(client: openai.AsyncOpenAI, i: int) -> Streamed:
     return Streamed("".join(reasoning), "".join(content), pause, error)
 
 
-async def run_streams(stack: RunningStack, api: str, during: object = None) -> list[Streamed]:
+async def run_streams(stack: RunningStack, api: str, during: Callable[[], None] | None = None) -> list[Streamed]:
     """STREAMS streams at once; ``during()`` runs once they are all well under way."""
     client = stack.async_client()
     fn = chat_stream if api == "chat" else responses_stream
     tasks = [asyncio.create_task(fn(client, i)) for i in range(STREAMS)]
     if during is not None:
         await asyncio.sleep(1.0)  # the streams are a third of the way through
-        during()  # type: ignore[operator]
+        during()
     return list(await asyncio.gather(*tasks))
 
 
@@ -148,7 +148,8 @@ def test_kill_one_engine_of_two(fault_stack: RunningStack, reference: dict[str, 
     fault_stack.wait_healthy()
     proc, _ = engines[0]
     assert proc.proc is not None
-    got = asyncio.run(run_streams(fault_stack, api, lambda: kill(proc.proc.pid)))  # type: ignore[union-attr]
+    pid = proc.proc.pid
+    got = asyncio.run(run_streams(fault_stack, api, lambda: kill(pid)))
     check(got, reference[api])
     engines[0] = start_sim_engine("vllm", port=int(engines[0][1].rsplit(":", 1)[1]))  # back for the next test
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from openai.types.responses.tool_param import Mcp
 
 from tests.e2e.conftest import MODEL, RunningStack, Stacks, total
 from tests.mcp_servers import serve_mcp
@@ -51,12 +52,10 @@ async def test_requests_tokens_and_latencies_for_both_apis(metrics_stack: Runnin
 async def test_tool_calls_are_counted_by_outcome(metrics_stack: RunningStack) -> None:
     before = metrics_stack.metrics()
     client = metrics_stack.async_client()
-    tool = {"type": "mcp", "server_label": "t", "require_approval": "never"}
     async with serve_mcp() as server:
-        ok = await client.responses.create(model=MODEL, input="Please add two numbers with add",
-                                           tools=[{**tool, "server_url": server.url}])
-        boom = await client.responses.create(model=MODEL, input="call boom now",
-                                             tools=[{**tool, "server_url": server.url}])
+        tool: Mcp = {"type": "mcp", "server_label": "t", "require_approval": "never", "server_url": server.url}
+        ok = await client.responses.create(model=MODEL, input="Please add two numbers with add", tools=[tool])
+        boom = await client.responses.create(model=MODEL, input="call boom now", tools=[tool])
     assert ok.status == boom.status == "completed"
     after = metrics_stack.metrics()
     for outcome in ("ok", "error"):

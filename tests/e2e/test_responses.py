@@ -6,23 +6,44 @@ import json
 import os
 import subprocess
 import sys
+from typing import cast
 
 import openai
 import pytest
+from openai.types.responses import (
+    FunctionToolParam,
+    ResponseInputItemParam,
+    ResponseInputText,
+    ResponseItem,
+    ResponseOutputItem,
+    ResponseOutputMessage,
+    ResponseOutputText,
+    ResponseReasoningItem,
+)
+from openai.types.responses.response_input_param import FunctionCallOutput
 
 from services.common.infra import ManagedProcess, free_port, wait_for_port
 from tests.e2e.conftest import MODEL, RunningStack
 
-WEATHER = {
+# without ``strict``, as clients send it (openai-python's type requires the key)
+WEATHER = cast(FunctionToolParam, {
     "type": "function",
     "name": "get_weather",
     "description": "Current weather for a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
+})
 
 
-def _types(output) -> list[str]:  # type: ignore[no-untyped-def]
+def _types(output: list[ResponseOutputItem]) -> list[str]:
     return [item.type for item in output]
+
+
+def _text(item: ResponseItem) -> str:
+    """The text of a message item's first part."""
+    assert item.type == "message", item
+    part = item.content[0]
+    assert isinstance(part, ResponseInputText | ResponseOutputText), part
+    return part.text
 
 
 def test_plain_response(stack: RunningStack) -> None:
@@ -31,8 +52,11 @@ def test_plain_response(stack: RunningStack) -> None:
     assert resp.status == "completed"
     assert resp.id.startswith("resp_")
     assert _types(resp.output) == ["reasoning", "message"]
-    assert resp.output[0].content[0].type == "reasoning_text" and resp.output[0].content[0].text
+    reasoning = resp.output[0]
+    assert reasoning.type == "reasoning" and reasoning.content
+    assert reasoning.content[0].type == "reasoning_text" and reasoning.content[0].text
     assert resp.output_text and "<|" not in resp.output_text
+    assert resp.usage is not None
     assert resp.usage.input_tokens > 0 and resp.usage.output_tokens > 0
     assert resp.usage.total_tokens == resp.usage.input_tokens + resp.usage.output_tokens
     assert resp.usage.output_tokens_details.reasoning_tokens > 0
@@ -54,7 +78,9 @@ def test_streamed_events_and_bookkeeping(stack: RunningStack) -> None:
     added = [e.output_index for e in events if e.type == "response.output_item.added"]
     done = [e.output_index for e in events if e.type == "response.output_item.done"]
     assert added == done == list(range(len(added)))
-    final = events[-1].response
+    completed = events[-1]
+    assert completed.type == "response.completed"
+    final = completed.response
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert final.output_text == text
     # the streamed ids are the stored ids
@@ -104,11 +130,12 @@ def test_stateless_history_matches_previous_response_id(stack: RunningStack) -> 
     client = stack.client()
     first = client.responses.create(model=MODEL, input="What is the weather in Oslo?", tools=[WEATHER])
     call = next(i for i in first.output if i.type == "function_call")
-    output_item = {"type": "function_call_output", "call_id": call.call_id, "output": "Snow"}
+    output_item: FunctionCallOutput = {"type": "function_call_output", "call_id": call.call_id, "output": "Snow"}
     chained = client.responses.create(model=MODEL, previous_response_id=first.id, tools=[WEATHER],
                                       input=[output_item])
-    history = [{"role": "user", "content": "What is the weather in Oslo?"}]
-    history += [i.model_dump(exclude_none=True) for i in first.output]
+    history: list[ResponseInputItemParam] = [{"role": "user", "content": "What is the weather in Oslo?"}]
+    # each output item, dumped, is the input item that replays it
+    history += [cast(ResponseInputItemParam, i.model_dump(exclude_none=True)) for i in first.output]
     stateless = client.responses.create(model=MODEL, tools=[WEATHER], input=[*history, output_item], store=False)
     assert stack.engine_prompt(chained.id) == stack.engine_prompt(stateless.id)
 
@@ -137,7 +164,7 @@ def test_input_items_pagination(stack: RunningStack) -> None:
     page = client.responses.input_items.list(resp.id, limit=2, order="asc")
     assert len(page.data) == 2 and page.has_more
     rest = client.responses.input_items.list(resp.id, limit=2, order="asc", after=page.data[-1].id)
-    texts = [i.content[0].text for i in [*page.data, *rest.data]]
+    texts = [_text(i) for i in [*page.data, *rest.data]]
     assert texts == ["one", "two", "three"]
 
 
@@ -145,12 +172,15 @@ def test_max_output_tokens_is_incomplete(stack: RunningStack) -> None:
     client = stack.client()
     resp = client.responses.create(model=MODEL, input="A long story please", max_output_tokens=16)
     assert resp.status == "incomplete"
-    assert resp.incomplete_details.reason == "max_output_tokens"
-    assert resp.output and resp.output[-1].status == "incomplete"
+    assert resp.incomplete_details is not None and resp.incomplete_details.reason == "max_output_tokens"
+    last = resp.output[-1] if resp.output else None
+    assert isinstance(last, ResponseReasoningItem | ResponseOutputMessage) and last.status == "incomplete"
     events = list(client.responses.create(model=MODEL, input="A long story please", max_output_tokens=16,
                                           stream=True))
-    assert events[-1].type == "response.incomplete"
-    assert events[-1].response.incomplete_details.reason == "max_output_tokens"
+    incomplete = events[-1]
+    assert incomplete.type == "response.incomplete"
+    assert incomplete.response.incomplete_details is not None
+    assert incomplete.response.incomplete_details.reason == "max_output_tokens"
 
 
 def test_background_cancel_and_resume(stack: RunningStack) -> None:

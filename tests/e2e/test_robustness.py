@@ -5,18 +5,25 @@ recovered result and no control-token text."""
 from __future__ import annotations
 
 import json
+from typing import cast
 
+import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageParam
+from openai.types.responses import FunctionToolParam
 
 from tests.e2e.conftest import MODEL, RunningStack
 
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+TOOL: ChatCompletionFunctionToolParam = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-RESP_TOOL = {"type": "function", "name": "get_weather", "parameters": TOOL["function"]["parameters"]}
+# without ``strict``, as clients send it (openai-python's type requires the key)
+RESP_TOOL = cast(FunctionToolParam, {"type": "function", "name": "get_weather",
+                                     "parameters": TOOL["function"]["parameters"]})
 
 # (name, raw harmony the model wrote, tools offered, expected content substring or None,
 #  expected reasoning substring or None, expected tool call (name, city) or None)
-CASES = [
+Case = tuple[str, str, bool, str | None, str | None, tuple[str, str] | None]
+CASES: list[Case] = [
     ("text before any header (refusal)", "I can't help with that.<|end|>", False,
      "I can't help with that.", None, None),
     ("junk words between channel and message",
@@ -55,27 +62,30 @@ def _prompt(raw: str) -> str:
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_chat_recovers(stack: RunningStack, case: tuple, stream: bool) -> None:
+def test_chat_recovers(stack: RunningStack, case: Case, stream: bool) -> None:
     _, raw, with_tools, content, reasoning, call = case
     client = stack.client()
-    kwargs = {"model": MODEL, "messages": [{"role": "user", "content": _prompt(raw)}]}
-    if with_tools:
-        kwargs["tools"] = [TOOL]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": _prompt(raw)}]
+    tools = [TOOL] if with_tools else openai.omit
+    calls: list[tuple[str | None, str]]
     if stream:
-        chunks = list(client.chat.completions.create(**kwargs, stream=True))
+        chunks = list(client.chat.completions.create(model=MODEL, messages=messages, tools=tools, stream=True))
         got_content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         got_reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning") or "" for c in chunks if c.choices)
         deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
-        calls = [(d.function.name, "") for d in deltas if d.id]
-        args = "".join(d.function.arguments or "" for d in deltas)
+        assert all(d.function for d in deltas)
+        calls = [(d.function.name, "") for d in deltas if d.id and d.function]
+        args = "".join(d.function.arguments or "" for d in deltas if d.function)
         finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason][-1]
     else:
-        resp = client.chat.completions.create(**kwargs)
+        resp = client.chat.completions.create(model=MODEL, messages=messages, tools=tools)
         msg = resp.choices[0].message
         got_content = msg.content or ""
         got_reasoning = (msg.model_extra or {}).get("reasoning") or ""
-        calls = [(tc.function.name, "") for tc in msg.tool_calls or []]
-        args = "".join(tc.function.arguments for tc in msg.tool_calls or [])
+        tool_calls = msg.tool_calls or []
+        assert all(tc.type == "function" for tc in tool_calls)
+        calls = [(tc.function.name, "") for tc in tool_calls if tc.type == "function"]
+        args = "".join(tc.function.arguments for tc in tool_calls if tc.type == "function")
         finish = resp.choices[0].finish_reason
     for text in (got_content, got_reasoning, args):
         assert "<|" not in text
@@ -93,18 +103,17 @@ def test_chat_recovers(stack: RunningStack, case: tuple, stream: bool) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
-def test_responses_recovers(stack: RunningStack, case: tuple, stream: bool) -> None:
+def test_responses_recovers(stack: RunningStack, case: Case, stream: bool) -> None:
     _, raw, with_tools, content, reasoning, call = case
     client = stack.client()
-    kwargs = {"model": MODEL, "input": _prompt(raw)}
-    if with_tools:
-        kwargs["tools"] = [RESP_TOOL]
+    tools = [RESP_TOOL] if with_tools else openai.omit
     if stream:
-        events = list(client.responses.create(**kwargs, stream=True))
-        assert events[-1].type == "response.completed"
-        resp = events[-1].response
+        events = list(client.responses.create(model=MODEL, input=_prompt(raw), tools=tools, stream=True))
+        completed = events[-1]
+        assert completed.type == "response.completed"
+        resp = completed.response
     else:
-        resp = client.responses.create(**kwargs)
+        resp = client.responses.create(model=MODEL, input=_prompt(raw), tools=tools)
     assert resp.status == "completed"
     dumped = json.dumps(resp.model_dump()["output"])
     assert "<|" not in dumped
@@ -128,4 +137,5 @@ def test_cut_inside_tool_arguments_is_marked(stack: RunningStack) -> None:
                                           tools=[TOOL], max_tokens=16)
     assert resp.choices[0].finish_reason == "length"
     r = client.responses.create(model=MODEL, input=_prompt(raw), tools=[RESP_TOOL], max_output_tokens=16)
-    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.status == "incomplete" and r.incomplete_details is not None
+    assert r.incomplete_details.reason == "max_output_tokens"

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import uvicorn
+from openai.types.chat import ChatCompletionMessageParam
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -19,15 +21,17 @@ from starlette.routing import Route
 from services.common.infra import free_port, wait_for_port
 from tests.e2e.conftest import MODEL, RunningStack, Stacks, start_stack
 
+TextStacks = tuple[RunningStack, RunningStack]  # (in front of /v1/completions, of /v1/chat/completions)
 HARMONY = ("<|channel|>analysis<|message|>The user wants a greeting.<|end|>"
            "<|start|>assistant<|channel|>final<|message|>Hello from text mode!<|return|>")
 
 
-def _last_user(messages: list[dict]) -> str:
-    return next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+def _last_user(messages: list[dict[str, Any]]) -> str:
+    content: str = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    return content
 
 
-def _sse(obj: dict) -> bytes:
+def _sse(obj: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(obj)}\n\n".encode()
 
 
@@ -35,7 +39,7 @@ async def completions(request: Request) -> StreamingResponse:
     body = await request.json()
     assert isinstance(body["prompt"], str) and "<|start|>user" in body["prompt"]
 
-    async def gen():  # type: ignore[no-untyped-def]
+    async def gen() -> AsyncIterator[bytes]:
         pieces = [HARMONY[i:i + 3] for i in range(0, len(HARMONY), 3)]
         for i, piece in enumerate(pieces):  # the last text shares its chunk with finish_reason
             last = i == len(pieces) - 1
@@ -50,10 +54,10 @@ async def chat(request: Request) -> StreamingResponse:
     body = await request.json()
     style = _last_user(body["messages"])
 
-    def delta(d: dict, finish: str | None = None) -> bytes:
+    def delta(d: dict[str, Any], finish: str | None = None) -> bytes:
         return _sse({"choices": [{"index": 0, "delta": d, "finish_reason": finish}]})
 
-    async def gen():  # type: ignore[no-untyped-def]
+    async def gen() -> AsyncIterator[bytes]:
         if "think" in style:
             text = "<think>Pondering.</think>Forty-two."
             for i in range(0, len(text), 3):
@@ -101,6 +105,7 @@ def upstream() -> Iterator[str]:
         def alive(self) -> bool:
             return thread.is_alive()
 
+    # wait_for_port reads only ``name`` and ``alive()`` of the ManagedProcess it is typed for
     wait_for_port("127.0.0.1", port, _Alive(), timeout=10)  # type: ignore[arg-type]
     yield f"http://127.0.0.1:{port}"
     server.should_exit = True
@@ -108,7 +113,7 @@ def upstream() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def text_stacks(stacks: Stacks, upstream: str) -> Iterator[tuple[RunningStack, RunningStack]]:
+def text_stacks(stacks: Stacks, upstream: str) -> Iterator[TextStacks]:
     completions_stack = start_stack("openai", stacks.nats_url, stacks.redis_url, engines=[f"openai={upstream}"])
     chat_stack = start_stack("openai-chat", stacks.nats_url, stacks.redis_url, engines=[f"openai-chat={upstream}"])
     yield completions_stack, chat_stack
@@ -117,15 +122,16 @@ def text_stacks(stacks: Stacks, upstream: str) -> Iterator[tuple[RunningStack, R
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_raw_harmony_text_from_completions(text_stacks, stream: bool) -> None:  # type: ignore[no-untyped-def]
+def test_raw_harmony_text_from_completions(text_stacks: TextStacks, stream: bool) -> None:
     client = text_stacks[0].client()
-    kwargs = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello"}]}
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello"}]
+    content: str | None
     if stream:
-        chunks = list(client.chat.completions.create(**kwargs, stream=True))
+        chunks = list(client.chat.completions.create(model=MODEL, messages=messages, stream=True))
         content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning") or "" for c in chunks if c.choices)
     else:
-        msg = client.chat.completions.create(**kwargs).choices[0].message
+        msg = client.chat.completions.create(model=MODEL, messages=messages).choices[0].message
         content, reasoning = msg.content, (msg.model_extra or {})["reasoning"]
     assert content == "Hello from text mode!"
     assert reasoning == "The user wants a greeting."
@@ -137,7 +143,7 @@ def test_raw_harmony_text_from_completions(text_stacks, stream: bool) -> None:  
     ("sglang", "Final.", "Reasoning."),
     ("plain", "Plain words only.", None),
 ])
-def test_chat_upstream_styles(text_stacks, style: str, content: str, reasoning: str | None) -> None:  # type: ignore[no-untyped-def]
+def test_chat_upstream_styles(text_stacks: TextStacks, style: str, content: str, reasoning: str | None) -> None:
     client = text_stacks[1].client()
     msg = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": style}]).choices[0].message
     assert msg.content == content
@@ -146,11 +152,12 @@ def test_chat_upstream_styles(text_stacks, style: str, content: str, reasoning: 
     assert resp.output_text == content
 
 
-def test_chat_upstream_tool_call(text_stacks) -> None:  # type: ignore[no-untyped-def]
+def test_chat_upstream_tool_call(text_stacks: TextStacks) -> None:
     client = text_stacks[1].client()
     resp = client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "tool"}],
         tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])
     assert resp.choices[0].finish_reason == "tool_calls"
-    call = resp.choices[0].message.tool_calls[0]
+    call = (resp.choices[0].message.tool_calls or [])[0]
+    assert call.type == "function"
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Oslo"}

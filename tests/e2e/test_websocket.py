@@ -3,20 +3,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import cast
 
 import openai
 import pytest
+from openai.resources.responses.responses import ResponsesConnection
+from openai.types.responses import FunctionToolParam, ResponsesServerEvent
 
 from tests.e2e.conftest import MODEL, RunningStack
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather for a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+# without ``strict``, as clients send it (openai-python's type requires the key)
+WEATHER = cast(FunctionToolParam, {
+    "type": "function", "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}})
 TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
 
 
-def until_done(conn: Any) -> list[Any]:
-    events = []
+def until_done(conn: ResponsesConnection) -> list[ResponsesServerEvent]:
+    events: list[ResponsesServerEvent] = []
     for event in conn:
         events.append(event)
         if event.type in TERMINAL:
@@ -72,10 +76,10 @@ def test_lanes_and_errors(stack: RunningStack) -> None:
                 if len(ended) == 2:
                     break
         assert ended == {"a": "response.completed", "b": "response.completed"}
-        conn.send({"type": "response.create", "model": MODEL, "input": "x", "background": True})  # type: ignore[typeddict-item]
+        conn.send({"type": "response.create", "model": MODEL, "input": "x", "background": True})
         (error,) = until_done(conn)
         assert error.type == "error" and error.error.param == "background"
-        conn.send({"type": "response.create", "model": "no-such-model", "input": "x"})  # type: ignore[typeddict-item]
+        conn.send({"type": "response.create", "model": "no-such-model", "input": "x"})
         (error,) = until_done(conn)
         assert error.type == "error" and error.status == 404
 
