@@ -45,30 +45,7 @@ from tests.dispatcher.tiny_server import SSE_HEAD, Tiny, chunk, client, tiny
 RECORDED = Path(__file__).parent / "recorded"
 NAMES = sorted(path.stem for path in RECORDED.glob("*.sse"))
 
-KNOWN_BUGS = {
-    "sglang-0.5.2_incremental_ids_stop_return": (
-        "SGLang 0.5.2 starts the first chunk's output_ids with the prompt's last 5 ids "
-        "(detokenizer decode_ids, sgl-project/sglang#10896); SglangDecoder._delta "
-        "(engines/sglang.py:102) passes a first chunk through whole, though completion_tokens "
-        "says 1, so the prompt tail becomes output"
-    ),
-    "vllm-0.11.0_engine_dead": (
-        "vLLM before the VLLMError split writes every mid-stream exception as code 400 "
-        "BadRequestError (create_streaming_error_response's default), an EngineDeadError "
-        "included; stream_error (engines/stream.py:170) trusts the code, so an engine crash "
-        "becomes the caller's invalid_request"
-    ),
-    "vllm-0.33.0_error_503_paused": (
-        "vLLM's RetryableRequestError (code 503, ServiceUnavailableError: 'safe for clients to "
-        "retry') decodes as a non-retryable engine_error (engines/stream.py:171-173), so the "
-        "gateway fails the request instead of resuming it on another worker"
-    ),
-    "sglang-0.5.23_abort_400_input_length": (
-        "SGLang's scheduler-side input length abort says 'Input length (N tokens) exceeds the "
-        "maximum allowed length'; none of _CONTEXT_HINTS (engines/base.py:17) matches, so it "
-        "decodes as invalid_request, not context_length_exceeded"
-    ),
-}
+KNOWN_BUGS: dict[str, str] = {}  # fixture name -> the bug it shows (all fixed so far)
 
 
 class ExpectedError(BaseModel):

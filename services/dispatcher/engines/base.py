@@ -14,7 +14,10 @@ from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest
 from services.dispatcher.engines.http import EngineHttp
 
-_CONTEXT_HINTS = ("context length", "context_length", "maximum context", "too long", "max_model_len")
+_CONTEXT_HINTS = ("context length", "context_length", "maximum context", "too long", "max_model_len",
+                  "maximum allowed length")
+# vLLM before 0.12 writes every mid-stream exception as a 400, its engine's death included
+_ENGINE_FAULT_HINTS = ("enginecore encountered an issue", "enginedeaderror", "enginegenerateerror")
 
 
 @dataclass(slots=True)  # not frozen: one per token, and a frozen __init__ costs twice as much
@@ -87,6 +90,17 @@ def token_ids(value: Any) -> list[int]:
         else:
             return value
     raise ValueError(f"token ids must be a list of non-negative ints, got {str(value)[:80]}")
+
+
+def status_error(status: int, message: str) -> BusError:
+    """An error an engine reported inside its answer (a mid-stream event, an abort) with an HTTP
+    status: 4xx is the caller's (unless the message says the engine broke), 503 a pause another
+    worker may not have (retryable), anything else the engine's."""
+    if 400 <= status < 500 and not any(hint in message.lower() for hint in _ENGINE_FAULT_HINTS):
+        return error_for_status(status, message)
+    if status == 503:
+        return BusError(code=ErrorCode.ENGINE_UNAVAILABLE, message=message, retryable=True)
+    return BusError(code=ErrorCode.ENGINE_ERROR, message=message)
 
 
 def error_for_status(status: int, message: str) -> BusError:

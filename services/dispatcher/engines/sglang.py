@@ -15,14 +15,13 @@ from typing import Any, Literal
 
 import orjson
 
-from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineUsage, GenerateRequest
 from services.dispatcher.engines.base import (
     EngineChunk,
     engine_prompt,
-    error_for_status,
     error_message,
     max_new_tokens,
+    status_error,
     token_ids,
 )
 from services.dispatcher.engines.constraints import sglang_structural_tag
@@ -99,8 +98,11 @@ class SglangDecoder:
         return "cumulative" if length >= n and out[:n] == self.ids else "incremental"
 
     def _delta(self, out: list[int], completion: object, matched: int | None) -> list[int]:
-        if not self.ids:
-            return out  # the first chunk reads the same either way
+        if not self.ids:  # the first chunk reads the same either way, but: SGLang 0.5.2 starts
+            # it with the prompt's last ids (sgl-project/sglang#10896): keep only what it counts
+            if type(completion) is int and 0 <= completion < len(out):
+                return out[len(out) - completion:]
+            return out
         if self.mode == "auto":
             self.mode = self._detect(out, completion, matched)
         return out[len(self.ids):] if self.mode == "cumulative" else out
@@ -125,11 +127,7 @@ class SglangDecoder:
         if kind == "abort":
             status = finish.get("status_code") if isinstance(finish, dict) else None
             message = error_message(finish, "the SGLang engine aborted the request")
-            error = (
-                error_for_status(status, message)
-                if isinstance(status, int) and 400 <= status < 500
-                else BusError(code=ErrorCode.ENGINE_ERROR, message=message)
-            )
+            error = status_error(status if isinstance(status, int) else 500, message)
             return EngineChunk(token_ids=delta, finish_reason="error", usage=usage, error=error)
         matched = finish.get("matched") if isinstance(finish, dict) else None
         stop_id = matched if isinstance(matched, int) else None

@@ -27,6 +27,7 @@ from services.dispatcher.engines.base import (
     StreamDecoder,
     error_for_status,
     error_message,
+    status_error,
 )
 from services.dispatcher.engines.http import (
     AcceptTimeout,
@@ -168,9 +169,7 @@ def stream_error(decoder: StreamDecoder, event: dict[str, Any]) -> BusError:
     inner = event.get("error")
     code = inner.get("code") if isinstance(inner, dict) else None
     status = code if type(code) is int else getattr(decoder, "stream_error_status", 500)
-    if 400 <= status < 500:
-        return error_for_status(status, message)
-    return BusError(code=ErrorCode.ENGINE_ERROR, message=message)
+    return status_error(status, message)
 
 
 async def open_stream(
