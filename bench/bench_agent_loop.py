@@ -22,14 +22,17 @@ from pathlib import Path
 from typing import Any
 
 import openai
+from openai.types.responses import FunctionToolParam
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from chorus_stack import Stack, chorus_services, cpu_seconds  # noqa: E402
 
 MODEL = "openai/gpt-oss-20b"
-WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather for a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+# openai-python requires "strict"; the API (and this gateway) take a tool without it
+WEATHER: FunctionToolParam = {  # type: ignore[typeddict-item]
+    "type": "function", "name": "get_weather", "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
 
 def tool_output(turn: int, lines: int) -> str:
@@ -63,7 +66,7 @@ def over_http(client: openai.OpenAI, turns: int, lines: int) -> list[float]:
     times = []
     for turn in range(turns):
         started = time.perf_counter()
-        resp = client.responses.create(model=MODEL, input=history, tools=[WEATHER], store=False)  # type: ignore[arg-type]
+        resp = client.responses.create(model=MODEL, input=history, tools=[WEATHER], store=False)
         times.append(time.perf_counter() - started)
         call = call_of(resp.output)
         history += [i.model_dump(exclude_none=True) for i in resp.output]
@@ -79,8 +82,8 @@ def over_websocket(client: openai.OpenAI, turns: int, lines: int) -> list[float]
         previous: str | None = None
         for turn in range(turns):
             started = time.perf_counter()
-            conn.response.create(model=MODEL, input=new, tools=[WEATHER], store=False,  # type: ignore[arg-type]
-                                 **({"previous_response_id": previous} if previous else {}))
+            conn.response.create(model=MODEL, input=new, tools=[WEATHER], store=False,
+                                 previous_response_id=previous if previous else openai.omit)
             for event in conn:
                 if event.type in ("response.completed", "response.failed", "response.incomplete", "error"):
                     break

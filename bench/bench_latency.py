@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -99,7 +100,8 @@ async def chorus_once(http: httpx.AsyncClient, base: str, text: str, timings: li
     return ttft or 0.0, time.perf_counter() - t0, tokens
 
 
-async def run_load(fn, n: int, concurrency: int) -> list[tuple[float, float, int]]:  # type: ignore[no-untyped-def]
+async def run_load(fn: Callable[[], Awaitable[tuple[float, float, int]]], n: int,
+                   concurrency: int) -> list[tuple[float, float, int]]:
     sem = asyncio.Semaphore(concurrency)
     results: list[tuple[float, float, int]] = []
 

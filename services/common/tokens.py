@@ -56,7 +56,8 @@ def pieces(text: str, max_piece: int = MAX_PIECE) -> Iterator[str]:
 def encode_text(encoding: HarmonyEncoding, text: str, max_piece: int = MAX_PIECE) -> list[int]:
     """``text`` as ordinary tokens (special-token text stays text), in linear time."""
     if len(text) <= max_piece:
-        return encoding.encode(text, disallowed_special=())
+        ids: list[int] = encoding.encode(text, disallowed_special=())
+        return ids
     out: list[int] = []
     for piece in pieces(text, max_piece):
         out.extend(encoding.encode(piece, disallowed_special=()))

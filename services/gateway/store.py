@@ -265,7 +265,7 @@ class RedisResponseStore:
 
     async def running(self) -> list[tuple[str | None, str]]:
         """Every tenant's background responses that are not finished: (tenant, response id)."""
-        members = await self.r.smembers(self._global("bg", "running"))  # type: ignore[misc]
+        members = await self.r.smembers(self._global("bg", "running"))
         out: list[tuple[str | None, str]] = []
         for member in sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members):
             tenant, _, rid = member.partition("|")
@@ -305,7 +305,7 @@ class RedisResponseStore:
             await pipe.execute()
 
     async def steps(self, response_id: str) -> list[bytes]:
-        raw = await self.r.lrange(self._k("bg", response_id, "steps"), 0, -1)  # type: ignore[misc]
+        raw = await self.r.lrange(self._k("bg", response_id, "steps"), 0, -1)
         return [r if isinstance(r, bytes) else str(r).encode() for r in raw]
 
     async def last_event(self, response_id: str) -> bytes | None:

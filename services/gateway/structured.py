@@ -59,5 +59,6 @@ def schema_error(schema: dict[str, Any]) -> str | None:
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
-        return exc.message
+        message: str = exc.message
+        return message
     return None

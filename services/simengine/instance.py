@@ -67,11 +67,12 @@ def _merged(schema: dict[str, Any]) -> dict[str, Any]:
 def _type_of(schema: dict[str, Any]) -> str | None:
     kind = schema.get("type")
     if isinstance(kind, list):
-        kinds = [k for k in kind if k in _TYPES]
+        kinds: list[str | None] = [k for k in kind if k in _TYPES]
         non_null = [k for k in kinds if k != "null"]
         return (non_null or kinds or [None])[0]
     if kind in _TYPES:
-        return kind
+        name: str = kind
+        return name
     if "properties" in schema or "required" in schema or "additionalProperties" in schema:
         return "object"
     if "items" in schema or "prefixItems" in schema:

@@ -115,8 +115,9 @@ def pick_value(user_text: str) -> str:
     """A string argument taken from the user's words: a quoted phrase, else the last
     capitalized word after the first (a place or a name), else the last word, else the text."""
     if m := _QUOTED.search(user_text):
-        return m.group(1) or m.group(2)
-    words = _WORD.findall(user_text)
+        quoted: str = m.group(1) or m.group(2)
+        return quoted
+    words: list[str] = _WORD.findall(user_text)
     capitalized = [w for w in words[1:] if w[0].isupper()]
     if capitalized:
         return capitalized[-1]
@@ -277,7 +278,8 @@ def encode_harmony(encoding: HarmonyEncoding, text: str) -> list[int]:
 
 @functools.cache
 def _assistant_id(encoding: HarmonyEncoding) -> int:
-    return encoding.encode("assistant", disallowed_special=())[0]
+    ids: list[int] = encoding.encode("assistant", disallowed_special=())
+    return ids[0]
 
 
 def _plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding, constraint: Constraint | None) -> Script:

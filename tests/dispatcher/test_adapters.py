@@ -23,6 +23,7 @@ from services.dispatcher.batches import BatchWriter, relay
 from services.dispatcher.engines import make_adapter
 from services.dispatcher.engines.base import EngineAdapter, EngineFailure
 from services.dispatcher.engines.http import EngineHttp
+from services.dispatcher.engines.sglang import Mode
 from services.dispatcher.engines.stream import open_stream
 from services.simengine.app import RunningSim, serving
 from services.simengine.script import plan
@@ -58,7 +59,7 @@ def request(prompt: list[int], rid: str, **sampling: object) -> GenerateRequest:
         generation_id=rid, model="openai/gpt-oss-20b", prompt_token_ids=prompt,
         stop_token_ids=[RETURN, CALL], parse=ParseSpec(request_id=rid),
         route=Route(gateway="g", parser="p"), deadline=2e9,
-        sampling=SamplingParams(**sampling),  # type: ignore[arg-type]
+        sampling=SamplingParams.model_validate(sampling),
     )
 
 
@@ -77,7 +78,7 @@ async def generate(client: EngineHttp, url: str, adapter: EngineAdapter,
     return batches
 
 
-PROTOCOLS = [
+PROTOCOLS: list[tuple[str, str, Mode]] = [
     ("vllm", "sim", "auto"),
     ("sglang", "sglang", "auto"),
     ("sglang", "sglang", "cumulative"),
@@ -94,12 +95,12 @@ def _target(name: str, sim: RunningSim, sim_incremental: RunningSim) -> str:
 @pytest.mark.parametrize("tools", [False, True])
 async def test_token_ids_equal_the_script(
     client: EngineHttp, sim: RunningSim, sim_incremental: RunningSim,
-    server: str, kind: str, mode: str, tools: bool,
+    server: str, kind: str, mode: Mode, tools: bool,
 ) -> None:
     prompt = user_prompt("What is the weather in Paris?", [WEATHER] if tools else None)
     req = request(prompt, f"a-{server}-{mode}-{tools}")
     batches = await generate(client, _target(server, sim, sim_incremental),
-                             make_adapter(kind, sglang_mode=mode), req)  # type: ignore[arg-type]
+                             make_adapter(kind, sglang_mode=mode), req)
     expected = plan(prompt, ENC).output_ids
     assert [t for b in batches for t in b.token_ids] == expected
     last = batches[-1]
@@ -113,11 +114,11 @@ async def test_token_ids_equal_the_script(
 @pytest.mark.parametrize(("server", "kind", "mode"), PROTOCOLS)
 async def test_max_tokens_gives_length(
     client: EngineHttp, sim: RunningSim, sim_incremental: RunningSim,
-    server: str, kind: str, mode: str,
+    server: str, kind: str, mode: Mode,
 ) -> None:
     prompt = user_prompt("Tell me a story")
     batches = await generate(client, _target(server, sim, sim_incremental),
-                             make_adapter(kind, sglang_mode=mode),  # type: ignore[arg-type]
+                             make_adapter(kind, sglang_mode=mode),
                              request(prompt, f"len-{server}-{mode}", max_tokens=5))
     assert [t for b in batches for t in b.token_ids] == plan(prompt, ENC).output_ids[:5]
     assert batches[-1].finish_reason == "length" and batches[-1].stop_token_id is None
@@ -191,12 +192,12 @@ SCHEMA = {"type": "object", "properties": {"answer": {"type": "string"}, "score"
 
 @pytest.mark.parametrize(("server", "kind", "mode"), PROTOCOLS)
 async def test_constraints_reach_the_engine(
-    client: EngineHttp, sim: RunningSim, sim_incremental: RunningSim, server: str, kind: str, mode: str,
+    client: EngineHttp, sim: RunningSim, sim_incremental: RunningSim, server: str, kind: str, mode: Mode,
 ) -> None:
     """A final schema comes back as conforming JSON in the final channel; a required call goes
     to the allowed tool (the simulated engines check the tag as xgrammar does, then obey it)."""
     target = _target(server, sim, sim_incremental)
-    adapter = make_adapter(kind, sglang_mode=mode)  # type: ignore[arg-type]
+    adapter = make_adapter(kind, sglang_mode=mode)
     final = request(user_prompt("Rate this"), f"fs-{server}-{mode}",
                     constraint=OutputConstraint(final_schema=SCHEMA))
     batches = await generate(client, target, adapter, final)
@@ -225,4 +226,5 @@ async def test_usage_reports_cached_tokens(client: EngineHttp, sim: RunningSim) 
     for kind in ("vllm", "sglang"):
         batches = await generate(client, sim.url, make_adapter(kind), request(prompt, f"c-{kind}"))
         assert batches[-1].usage is not None
-    assert batches[-1].usage.cached_tokens and batches[-1].usage.cached_tokens >= len(prompt) - 16
+    usage = batches[-1].usage
+    assert usage is not None and usage.cached_tokens and usage.cached_tokens >= len(prompt) - 16

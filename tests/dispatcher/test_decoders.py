@@ -14,8 +14,8 @@ from contracts.errors import ErrorCode
 from contracts.messages.generate import GenerateRequest, ParseSpec, Route, SamplingParams
 from services.common.harmony import CALL, RETURN
 from services.dispatcher.engines import make_adapter
-from services.dispatcher.engines.base import error_for_status, error_message
-from services.dispatcher.engines.sglang import SglangDecoder, generate_body
+from services.dispatcher.engines.base import EngineChunk, StreamDecoder, error_for_status, error_message
+from services.dispatcher.engines.sglang import Mode, SglangAdapter, SglangDecoder, generate_body
 from services.dispatcher.engines.vllm import VllmDecoder, completion_body
 from services.dispatcher.settings import Settings
 from services.dispatcher.workers import RoundRobin, parse_workers
@@ -69,27 +69,34 @@ def _vllm(ids: list[int] | None, finish: str | None = None, stop_reason: Any = N
     return {"choices": [choice], "usage": None}
 
 
+def fed(decoder: StreamDecoder, event: dict[str, Any]) -> EngineChunk:
+    """The chunk ``event`` decodes to (each event fed through here makes one)."""
+    chunk = decoder.feed(event)
+    assert chunk is not None
+    return chunk
+
+
 def test_vllm_decoder_stop_tokens_and_usage() -> None:
     dec = VllmDecoder([RETURN, CALL])
-    assert dec.feed(_vllm([5, 6])).token_ids == [5, 6]
-    end = dec.feed(_vllm([7, RETURN], "stop", None))
+    assert fed(dec, _vllm([5, 6])).token_ids == [5, 6]
+    end = fed(dec, _vllm([7, RETURN], "stop", None))
     assert (end.finish_reason, end.stop_token_id, end.token_ids) == ("stop", RETURN, [7, RETURN])
-    usage = dec.feed({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4,
+    usage = fed(dec, {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4,
                                                "prompt_tokens_details": {"cached_tokens": 2}}})
-    assert usage.usage.model_dump() == {"prompt_tokens": 3, "completion_tokens": 4, "cached_tokens": 2}
-    call = VllmDecoder([RETURN, CALL]).feed(_vllm([9, CALL], "stop", CALL))
+    assert usage.usage is not None and usage.usage.model_dump() == {"prompt_tokens": 3, "completion_tokens": 4, "cached_tokens": 2}
+    call = fed(VllmDecoder([RETURN, CALL]), _vllm([9, CALL], "stop", CALL))
     assert call.stop_token_id == CALL and call.token_ids == [9, CALL]
     # a finish chunk without the stop id in token_ids: the stop token still ends the stream
     bare = VllmDecoder([RETURN, CALL])
     bare.feed(_vllm([9]))
-    fin = bare.feed(_vllm([], "stop", CALL))
+    fin = fed(bare, _vllm([], "stop", CALL))
     assert fin.token_ids == [CALL] and fin.stop_token_id == CALL
-    length = VllmDecoder([RETURN]).feed(_vllm([1, 2], "length"))
+    length = fed(VllmDecoder([RETURN]), _vllm([1, 2], "length"))
     assert (length.finish_reason, length.stop_token_id) == ("length", None)
 
 
 def test_vllm_decoder_without_token_ids_is_an_error() -> None:
-    chunk = VllmDecoder([RETURN]).feed(_vllm(None))
+    chunk = fed(VllmDecoder([RETURN]), _vllm(None))
     assert chunk.error is not None and "return_token_ids" in chunk.error.message
 
 
@@ -100,20 +107,20 @@ def _sg(ids: list[int], completion: int, finish: Any = None) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("mode", ["auto", "cumulative"])
-def test_sglang_cumulative(mode: str) -> None:
-    dec = SglangDecoder(mode)  # type: ignore[arg-type]
-    got = [dec.feed(_sg([1], 1)), dec.feed(_sg([1, 2, 3], 3)),
-           dec.feed(_sg([1, 2, 3, RETURN], 4, {"type": "stop", "matched": RETURN}))]
+def test_sglang_cumulative(mode: Mode) -> None:
+    dec = SglangDecoder(mode)
+    got = [fed(dec, _sg([1], 1)), fed(dec, _sg([1, 2, 3], 3)),
+           fed(dec, _sg([1, 2, 3, RETURN], 4, {"type": "stop", "matched": RETURN}))]
     assert [c.token_ids for c in got] == [[1], [2, 3], [RETURN]]
     assert got[-1].finish_reason == "stop" and got[-1].stop_token_id == RETURN
-    assert got[-1].usage.completion_tokens == 4
+    assert got[-1].usage is not None and got[-1].usage.completion_tokens == 4
 
 
 @pytest.mark.parametrize("mode", ["auto", "incremental"])
-def test_sglang_incremental(mode: str) -> None:
-    dec = SglangDecoder(mode)  # type: ignore[arg-type]
-    got = [dec.feed(_sg([1], 1)), dec.feed(_sg([2, 3], 3)), dec.feed(_sg([1], 4)),
-           dec.feed(_sg([CALL], 5, {"type": "stop", "matched": CALL}))]
+def test_sglang_incremental(mode: Mode) -> None:
+    dec = SglangDecoder(mode)
+    got = [fed(dec, _sg([1], 1)), fed(dec, _sg([2, 3], 3)), fed(dec, _sg([1], 4)),
+           fed(dec, _sg([CALL], 5, {"type": "stop", "matched": CALL}))]
     assert [c.token_ids for c in got] == [[1], [2, 3], [1], [CALL]]
     assert got[-1].stop_token_id == CALL
 
@@ -121,23 +128,23 @@ def test_sglang_incremental(mode: str) -> None:
 def test_sglang_auto_with_repeating_ids_and_trimmed_stop() -> None:
     # incremental deltas that happen to look like a prefix: completion_tokens decides
     dec = SglangDecoder("auto")
-    assert [dec.feed(_sg([1], 1)).token_ids, dec.feed(_sg([1, 1], 3)).token_ids] == [[1], [1, 1]]
+    assert [fed(dec, _sg([1], 1)).token_ids, fed(dec, _sg([1, 1], 3)).token_ids] == [[1], [1, 1]]
     # cumulative with the stop token trimmed by the server: it is put back
     dec = SglangDecoder("auto")
     dec.feed(_sg([4, 5], 2))
-    end = dec.feed(_sg([4, 5, 6], 4, {"type": "stop", "matched": RETURN}))
+    end = fed(dec, _sg([4, 5, 6], 4, {"type": "stop", "matched": RETURN}))
     assert end.token_ids == [6, RETURN] and end.stop_token_id == RETURN
 
 
 def test_sglang_length_and_abort() -> None:
     dec = SglangDecoder("auto")
-    assert dec.feed(_sg([1, 2], 2, {"type": "length", "length": 2})).finish_reason == "length"
-    aborted = SglangDecoder("auto").feed(_sg([1], 1, {"type": "abort", "message": "boom"}))
+    assert fed(dec, _sg([1, 2], 2, {"type": "length", "length": 2})).finish_reason == "length"
+    aborted = fed(SglangDecoder("auto"), _sg([1], 1, {"type": "abort", "message": "boom"}))
     assert aborted.error is not None and aborted.error.code == ErrorCode.ENGINE_ERROR
     assert aborted.error.message == "boom"
-    bad = SglangDecoder("auto").feed(_sg([], 0, {"type": "abort", "message": "input is too long",
+    bad = fed(SglangDecoder("auto"), _sg([], 0, {"type": "abort", "message": "input is too long",
                                                  "status_code": 400}))
-    assert bad.error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
+    assert bad.error is not None and bad.error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
 
 
 @pytest.mark.parametrize(
@@ -184,7 +191,8 @@ def test_error_message_shapes() -> None:
 def test_round_robin_skips_unhealthy_workers() -> None:
     workers = parse_workers(["sim=http://a", "vllm=http://b", "sglang+incremental=http://c"])
     assert [w.kind for w in workers] == ["sim", "vllm", "sglang"]
-    assert workers[2].adapter.mode == "incremental"  # type: ignore[attr-defined]
+    pinned = workers[2].adapter
+    assert isinstance(pinned, SglangAdapter) and pinned.mode == "incremental"
     policy = RoundRobin()
     firsts = [policy.rank(REQ, workers)[0].url for _ in range(3)]
     assert firsts == ["http://a", "http://b", "http://c"]
@@ -196,15 +204,19 @@ def test_round_robin_skips_unhealthy_workers() -> None:
     assert len(policy.rank(REQ, workers)) == 3  # all down: try them all anyway
 
 
-def test_engine_settings_parse() -> None:
-    assert Settings(engines="sim=http://a:1, sglang=http://b:2").engines == [
-        "sim=http://a:1", "sglang=http://b:2"
-    ]
-    assert Settings(engines='["vllm=http://a:1"]').engines == ["vllm=http://a:1"]
+def test_engine_settings_parse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CHORUS_ENGINES as operators write it: KIND=URL items split on commas, or a JSON list."""
+
+    def engines(value: str) -> list[str]:
+        monkeypatch.setenv("CHORUS_ENGINES", value)
+        return Settings().engines
+
+    assert engines("sim=http://a:1, sglang=http://b:2") == ["sim=http://a:1", "sglang=http://b:2"]
+    assert engines('["vllm=http://a:1"]') == ["vllm=http://a:1"]
     with pytest.raises(ValueError, match="KIND=URL"):
-        Settings(engines="tgi=http://a:1")
+        engines("tgi=http://a:1")
     with pytest.raises(ValueError, match="only sglang"):
-        Settings(engines="vllm+incremental=http://a:1")
+        engines("vllm+incremental=http://a:1")
 
 
 @st.composite

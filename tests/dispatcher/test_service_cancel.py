@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
+from nats.aio.client import Client as NatsClient
+from pydantic import BaseModel
 
 from contracts.messages.control import Cancel
 from contracts.subjects import Subjects
+from services.common.bus import Bus
 from services.dispatcher.service import Dispatcher
 from services.dispatcher.settings import Settings
 from services.simengine.app import RunningSim, serving
@@ -66,14 +68,15 @@ async def test_given_up_requests_are_never_started(
     assert set(d.events.of) == {fine} and set(d.tokens.of) == {fine}
 
 
-class FakeBus:
-    """What ``Dispatcher.bind`` needs of a bus: subjects, and a publish that records."""
+class FakeBus(Bus):
+    """A bus whose publish records (its NATS client never connects): what ``Dispatcher.bind``
+    needs."""
 
     def __init__(self, namespace: str) -> None:
-        self.subjects = Subjects(namespace)
-        self.sent: list[tuple[str, Any]] = []
+        super().__init__(NatsClient(), Subjects(namespace))
+        self.sent: list[tuple[str, BaseModel | bytes]] = []
 
-    async def publish(self, subject: str, msg: Any, headers: dict[str, str] | None = None) -> None:
+    async def publish(self, subject: str, msg: BaseModel | bytes, headers: dict[str, str] | None = None) -> None:
         self.sent.append((subject, msg))
 
 
@@ -83,7 +86,7 @@ async def test_cancel_before_the_stream_task_runs(sim: RunningSim) -> None:
     g = new_id("quick")
     fake = FakeBus("unit")
     async with Dispatcher(Settings(engines=[f"sim={sim.url}"])) as d:
-        d.bind(fake)  # type: ignore[arg-type]
+        d.bind(fake)
         await d.on_generate(generate_request(g, user_prompt(SLOW)))
         assert d.load == 1
         await d.on_cancel(Cancel(generation_id=g))

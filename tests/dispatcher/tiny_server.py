@@ -12,6 +12,7 @@ import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TypedDict, Unpack
 
 import uvloop
 
@@ -84,9 +85,18 @@ async def tiny(answer: Callable[[Tiny, asyncio.StreamWriter, int], Awaitable[boo
         await asyncio.gather(*state.tasks)
 
 
+class HttpOptions(TypedDict, total=False):
+    """``EngineHttp``'s keyword arguments."""
+
+    connect_timeout: float
+    max_connections: int
+    idle_expiry: float
+    ssl_context: ssl.SSLContext | None
+
+
 @contextlib.asynccontextmanager
-async def client(**kw: object) -> AsyncIterator[EngineHttp]:
-    http = EngineHttp(**kw)  # type: ignore[arg-type]
+async def client(**options: Unpack[HttpOptions]) -> AsyncIterator[EngineHttp]:
+    http = EngineHttp(**options)
     try:
         yield http
     finally:

@@ -11,7 +11,7 @@ import time
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openai_harmony import Conversation, Role
+from openai_harmony import Conversation, HarmonyEncoding, Role
 
 from contracts.errors import ErrorCode
 from contracts.messages.encode import EncodeRequest, FunctionTool, ToolNamespace
@@ -22,7 +22,7 @@ from services.encoder.service import prompt_chars
 TODAY = dt.date(2025, 1, 1)
 
 
-def _reference(req: EncodeRequest, encoding) -> list[int]:  # type: ignore[no-untyped-def]
+def _reference(req: EncodeRequest, encoding: HarmonyEncoding) -> list[int]:
     messages = conversation_messages(req, TODAY, "2024-06")
     return list(encoding.render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT))
 
@@ -32,7 +32,7 @@ def _tool(description: str, prop: str = "city", enum: str = "Paris") -> Function
         "type": "object", "properties": {prop: {"type": "string", "description": description, "enum": [enum, "x"]}}})
 
 
-def test_a_huge_word_anywhere_in_the_prefix_renders_in_linear_time(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_a_huge_word_anywhere_in_the_prefix_renders_in_linear_time(encoding: HarmonyEncoding) -> None:
     """100,000 characters of one word in seven places (openai-harmony alone: seconds for each)."""
     word = "a" * 100_000
     req = EncodeRequest(model="m", items=[MessageItem(role="developer", content=f"dev {word}"),
@@ -60,7 +60,8 @@ _TEXT = st.lists(_LINE | st.sampled_from(["", "short", "a" * 500]), min_size=1, 
 
 @settings(max_examples=25, deadline=None)
 @given(instructions=_TEXT, description=_TEXT, developer=_TEXT)
-def test_long_lines_give_exactly_harmonys_tokens(encoding, instructions, description, developer) -> None:  # type: ignore[no-untyped-def]
+def test_long_lines_give_exactly_harmonys_tokens(encoding: HarmonyEncoding, instructions: str, description: str,
+                                                 developer: str) -> None:
     """Exactly, as long as no run without a split point nears ``MAX_PIECE`` characters (such a
     run is cut, as services.common.tokens says, and only its tokens may differ)."""
     req = EncodeRequest(model="m", instructions=instructions, tools=[_tool(description, enum=description[:3000])],
@@ -68,7 +69,7 @@ def test_long_lines_give_exactly_harmonys_tokens(encoding, instructions, descrip
     assert Renderer(encoding).render(req, TODAY).token_ids == _reference(req, encoding)
 
 
-def test_a_prompt_past_the_context_is_refused_before_all_of_it_is_encoded(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_a_prompt_past_the_context_is_refused_before_all_of_it_is_encoded(encoding: HarmonyEncoding) -> None:
     """(found: a message of 4,100,000 characters, inside the body limit, took longer to encode
     than the request allows: a 504 where the caller's mistake is a 400)"""
     huge = "x" * 4_100_000  # about 512,000 tokens

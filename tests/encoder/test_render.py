@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import Literal
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai_harmony import HarmonyEncoding
 
 from contracts.errors import ErrorCode
 from contracts.messages.control import Cancel
@@ -15,11 +17,14 @@ from contracts.messages.encode import (
     EncodeRequest,
     FunctionTool,
     NamedToolChoice,
+    ReasoningEffort,
     ResponseFormat,
+    ToolChoice,
     ToolNamespace,
 )
 from contracts.messages.generate import EventFrame, GenerateRequest, GenerationFailed
 from contracts.messages.items import (
+    ConversationItem,
     FunctionCallItem,
     FunctionCallOutputItem,
     McpCallItem,
@@ -27,6 +32,7 @@ from contracts.messages.items import (
     ReasoningItem,
 )
 from contracts.subjects import Subjects
+from services.common.tokens import encode_text
 from services.encoder.app import run
 from services.encoder.render import Renderer, RenderError, conversation_messages, render_prompt
 from services.encoder.settings import Settings
@@ -37,14 +43,15 @@ WEATHER = FunctionTool(name="get_weather", description="Weather", parameters={
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})
 
 
-def _render(encoding, **kw) -> str:  # type: ignore[no-untyped-def]
-    req = EncodeRequest(model="m", **kw)
+def _render(encoding: HarmonyEncoding, **fields: object) -> str:
+    req = EncodeRequest.model_validate({"model": "m", **fields})
     prompt = render_prompt(req, encoding, TODAY)
     assert prompt.stop_token_ids == [200002, 200012]
-    return encoding.decode_utf8(prompt.token_ids)
+    text: str = encoding.decode_utf8(prompt.token_ids)
+    return text
 
 
-def test_plain_turn(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_plain_turn(encoding: HarmonyEncoding) -> None:
     text = _render(encoding, items=[MessageItem(role="user", content="Hi")])
     assert text.startswith("<|start|>system<|message|>You are ChatGPT")
     assert "Current date: 2026-11-22" in text and "Reasoning: medium" in text
@@ -52,7 +59,7 @@ def test_plain_turn(encoding) -> None:  # type: ignore[no-untyped-def]
     assert text.endswith("<|start|>user<|message|>Hi<|end|><|start|>assistant")
 
 
-def test_instructions_merge_and_effort(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_instructions_merge_and_effort(encoding: HarmonyEncoding) -> None:
     text = _render(encoding, instructions="Be brief.", reasoning_effort="high", items=[
         MessageItem(role="system", content="Speak French."), MessageItem(role="developer", content="No emoji."),
         MessageItem(role="user", content="Hi")])
@@ -60,7 +67,7 @@ def test_instructions_merge_and_effort(encoding) -> None:  # type: ignore[no-unt
     assert "# Instructions\n\nBe brief.\n\nSpeak French.\n\nNo emoji." in text
 
 
-def test_tool_round_trip_keeps_current_reasoning_and_drops_old(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_tool_round_trip_keeps_current_reasoning_and_drops_old(encoding: HarmonyEncoding) -> None:
     text = _render(encoding, tools=[WEATHER], items=[
         MessageItem(role="user", content="q1"), ReasoningItem(text="OLD THOUGHT"),
         MessageItem(role="assistant", content="a1"),
@@ -89,7 +96,7 @@ def test_tool_round_trip_keeps_current_reasoning_and_drops_old(encoding) -> None
     ("none", False, None), ("required", True, "You must call at least one"),
     (NamedToolChoice(name="get_weather"), True, "You must call the tool `functions.get_weather`"),
 ])
-def test_tool_choice(encoding, choice, has_tool, instruction) -> None:  # type: ignore[no-untyped-def]
+def test_tool_choice(encoding: HarmonyEncoding, choice: ToolChoice, has_tool: bool, instruction: str | None) -> None:
     other = FunctionTool(name="other", description="x")
     text = _render(encoding, tools=[WEATHER, other], tool_choice=choice, items=[MessageItem(role="user", content="q")])
     assert ("get_weather" in text) == has_tool
@@ -99,7 +106,7 @@ def test_tool_choice(encoding, choice, has_tool, instruction) -> None:  # type: 
         assert instruction in text
 
 
-def test_builtins_namespaces_and_mcp_calls(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_builtins_namespaces_and_mcp_calls(encoding: HarmonyEncoding) -> None:
     ns = ToolNamespace(name="docs", description="Docs server", tools=[FunctionTool(name="search", description="Find")])
     text = _render(encoding, builtin_tools=["browser", "python"], namespaces=[ns], items=[
         MessageItem(role="user", content="q"),
@@ -110,7 +117,7 @@ def test_builtins_namespaces_and_mcp_calls(encoding) -> None:  # type: ignore[no
     assert "<|start|>docs.search to=assistant<|channel|>commentary<|message|>found<|end|>" in text
 
 
-def test_caller_mistakes(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_caller_mistakes(encoding: HarmonyEncoding) -> None:
     with pytest.raises(RenderError) as err:
         render_prompt(EncodeRequest(model="m", items=[
             FunctionCallOutputItem(call_id="nope", output="x")]), encoding, TODAY)
@@ -149,7 +156,7 @@ async def test_encoder_passes_jobs_on_to_the_dispatchers(nats_url: str, namespac
         assert not dispatched.seen[1:-1]
 
 
-def _reference(req: EncodeRequest, encoding) -> list[int]:  # type: ignore[no-untyped-def]
+def _reference(req: EncodeRequest, encoding: HarmonyEncoding) -> list[int]:
     """openai-harmony rendering the whole conversation at once."""
     from openai_harmony import Conversation, Role
 
@@ -157,7 +164,8 @@ def _reference(req: EncodeRequest, encoding) -> list[int]:  # type: ignore[no-un
     return list(encoding.render_conversation_for_completion(Conversation.from_messages(messages), Role.ASSISTANT))
 
 
-_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60) | st.sampled_from(
+_SURROGATES: list[Literal["Cs"]] = ["Cs"]  # lone surrogates are not text a client can send
+_TEXT = st.text(st.characters(blacklist_categories=_SURROGATES), max_size=60) | st.sampled_from(
     ["", "<|start|>user", "<|channel|>final<|message|>x", "a" * 3000, "👍🏽 café\n\nline", " x '"])
 _ITEM = st.one_of(
     st.builds(lambda t: MessageItem(role="user", content=t), _TEXT),
@@ -171,7 +179,8 @@ _ITEM = st.one_of(
 @settings(max_examples=150, deadline=None)
 @given(items=st.lists(_ITEM, min_size=1, max_size=6), tools=st.booleans(), effort=st.sampled_from(["low", "high"]),
        call=st.booleans(), instructions=st.none() | _TEXT)
-def test_renderer_equals_harmony(encoding, items, tools, effort, call, instructions) -> None:  # type: ignore[no-untyped-def]
+def test_renderer_equals_harmony(encoding: HarmonyEncoding, items: list[ConversationItem], tools: bool,
+                                 effort: ReasoningEffort, call: bool, instructions: str | None) -> None:
     """The cached, linear-time renderer gives exactly openai-harmony's tokens."""
     if call:
         items = [*items, FunctionCallItem(call_id="c1", name="get_weather", arguments='{"city": "Paris"}'),
@@ -183,7 +192,7 @@ def test_renderer_equals_harmony(encoding, items, tools, effort, call, instructi
     assert renderer.render(req, TODAY).token_ids == _reference(req, encoding)  # from the caches
 
 
-def test_long_runs_render_in_linear_time(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_long_runs_render_in_linear_time(encoding: HarmonyEncoding) -> None:
     """300,000 characters without a split point: bounded work, every character kept."""
     import time as clock
 
@@ -213,7 +222,7 @@ SHOPPING = ResponseFormat(
 )
 
 
-def test_response_format_ends_the_developer_message(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_response_format_ends_the_developer_message(encoding: HarmonyEncoding) -> None:
     """openai/harmony docs/format.md, "Structured output": "# Response Formats", "## {name}",
     "// {description}", the schema, at the end of the developer message (after the tools)."""
     text = _render(encoding, instructions="You are a helpful shopping assistant.", tools=[WEATHER],
@@ -231,14 +240,14 @@ def test_response_format_ends_the_developer_message(encoding) -> None:  # type: 
     assert "Calls to these tools must go to the commentary channel: 'functions'." in text
 
 
-def test_response_format_alone_makes_a_developer_message(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_response_format_alone_makes_a_developer_message(encoding: HarmonyEncoding) -> None:
     fmt = ResponseFormat(name="verdict", json_schema={"type": "object"})  # no description
     text = _render(encoding, response_format=fmt, items=[MessageItem(role="user", content="Hi")])
     assert '<|start|>developer<|message|># Response Formats\n\n## verdict\n\n{"type":"object"}<|end|>' in text
 
 
 @pytest.mark.parametrize("instructions", ["Be brief.", "Answer:", "Be brief", "line\n", "x ", None])
-def test_response_format_tokens_are_those_of_the_whole_text(encoding, instructions) -> None:  # type: ignore[no-untyped-def]
+def test_response_format_tokens_are_those_of_the_whole_text(encoding: HarmonyEncoding, instructions: str | None) -> None:
     """The section is encoded with the developer text around it, as one text: where they
     meet (".\n\n", ":\n\n") the tokens are not those of two texts put side by side."""
     from openai_harmony import Conversation, Role
@@ -259,9 +268,9 @@ def test_response_format_tokens_are_those_of_the_whole_text(encoding, instructio
     assert tokens[dev_end:] == plain[len(plain) - len(tokens) + dev_end:]  # so is the conversation
 
 
-def test_the_prefix_cache_tells_response_formats_apart(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_the_prefix_cache_tells_response_formats_apart(encoding: HarmonyEncoding) -> None:
     renderer = Renderer(encoding)
-    items = [MessageItem(role="user", content="q")]
+    items: list[ConversationItem] = [MessageItem(role="user", content="q")]
     other = SHOPPING.model_copy(update={"name": "groceries"})
     texts = [encoding.decode_utf8(renderer.render(EncodeRequest(model="m", items=items, response_format=f),
                                                   TODAY).token_ids)
@@ -270,15 +279,19 @@ def test_the_prefix_cache_tells_response_formats_apart(encoding) -> None:  # typ
     assert "## shopping_list" in texts[1] and "## groceries" in texts[2] and texts[3] == texts[1]
 
 
-def test_a_continuation_encodes_only_its_new_messages(encoding, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_continuation_encodes_only_its_new_messages(encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch) -> None:
     """An agent loop re-sends its history each turn: contents seen before are not encoded again,
     and the tokens are still exactly harmony's."""
     import services.encoder.render as render
 
     encoded: list[str] = []
-    real = render.encode_text
-    monkeypatch.setattr(render, "encode_text", lambda enc, text: encoded.append(text) or real(enc, text))
-    history = [MessageItem(role="user", content="Fix the failing test in parser.py " * 20)]
+
+    def counted(enc: HarmonyEncoding, text: str) -> list[int]:
+        encoded.append(text)
+        return encode_text(enc, text)
+
+    monkeypatch.setattr(render, "encode_text", counted)
+    history: list[ConversationItem] = [MessageItem(role="user", content="Fix the failing test in parser.py " * 20)]
     for turn in range(5):
         history += [FunctionCallItem(call_id=f"c{turn}", name="get_weather", arguments='{"city": "Paris"}' * 5),
                     FunctionCallOutputItem(call_id=f"c{turn}", output=f"result {turn} " * 40)]

@@ -5,13 +5,18 @@ could not be unpickled, which broke the pool: every large prompt after it was a 
 from __future__ import annotations
 
 import concurrent.futures
+import datetime as dt
 import os
 import pickle
 
 import pytest
+from nats.aio.client import Client as NatsClient
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.encode import EncodeRequest
+from contracts.messages.items import MessageItem
+from contracts.subjects import Subjects
+from services.common.bus import Bus
 from services.encoder import service
 from services.encoder.render import EncodedPrompt, RenderError
 from services.encoder.service import Encoder
@@ -30,16 +35,18 @@ def test_a_render_error_survives_pickling() -> None:
 _RENDER = service._render
 
 
-def _die_on_request(req: EncodeRequest, *args: object) -> EncodedPrompt:
+def _die_on_request(req: EncodeRequest, today: dt.date, cutoff: str, limit: int) -> EncodedPrompt:
     """The pool's render function, except that a render process dies (out of memory, say)
     on a prompt that starts with "die" (a pool process forked later inherits this function)."""
-    if str(req.items[-1].content).startswith("die"):
+    last = req.items[-1]
+    if isinstance(last, MessageItem) and last.content.startswith("die"):
         os._exit(1)
-    return _RENDER(req, *args)  # type: ignore[arg-type]
+    return _RENDER(req, today, cutoff, limit)
 
 
 async def test_the_pool_reports_caller_mistakes_and_outlives_a_dead_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    encoder = Encoder(Settings(render_processes=1, inline_render_chars=1000), bus=None)  # type: ignore[arg-type]
+    unused = Bus(NatsClient(), Subjects("unit"))  # never connected: these renders publish nothing
+    encoder = Encoder(Settings(render_processes=1, inline_render_chars=1000), bus=unused)
     encoder.start_pool()
     try:
         for _ in range(2):  # the pool still serves after a caller's mistake

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import openai.types.chat as chat_types
 
-from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
-from contracts.messages.parse import Finished, ItemAdded, ItemDelta, ItemDone, Usage
+from contracts.messages.items import FunctionCallItem, FunctionCallOutputItem, MessageItem, ReasoningItem
+from contracts.messages.parse import Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent, Usage
 from services.gateway.chat.convert import messages_to_items
 from services.gateway.chat.models import ChatMessage
 from services.gateway.chat.respond import ChatState, usage_json
 
 
-def _events() -> list:
+def _events() -> list[ParseEvent]:
     return [
         ItemAdded(output_index=0, item=ReasoningItem(id="rs_1", text="")),
         ItemDelta(output_index=0, delta="Think"),
@@ -62,8 +62,10 @@ def test_history_conversion_keeps_reasoning_preamble_and_calls() -> None:
         ChatMessage.model_validate({"role": "assistant", "content": "Checking.", "thinking": "Plan.",
                                     "tool_calls": [{"id": "c1", "type": "function",
                                                     "function": {"name": "f", "arguments": {"x": 1}}}]}),
-        ChatMessage(role="tool", tool_call_id="c1", content=[{"type": "text", "text": "ok"}]),
+        ChatMessage.model_validate({"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}]}),
     ])
     assert [i.type for i in items] == ["message", "reasoning", "message", "function_call", "function_call_output"]
-    assert items[2].channel == "commentary" and items[3].arguments == '{"x": 1}'
-    assert items[4].output == "ok"
+    preamble, call, output = items[2], items[3], items[4]
+    assert isinstance(preamble, MessageItem) and preamble.channel == "commentary"
+    assert isinstance(call, FunctionCallItem) and call.arguments == '{"x": 1}'
+    assert isinstance(output, FunctionCallOutputItem) and output.output == "ok"

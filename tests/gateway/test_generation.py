@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+
+from nats.aio.client import Client as NatsClient
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.encode import EncodeRequest
-from contracts.messages.generate import GenerationAccepted, ParsedBatch, ParseSpec, SamplingParams
-from contracts.messages.items import MessageItem
+from contracts.messages.generate import GenerateJob, GenerationAccepted, ParsedBatch, ParseSpec, SamplingParams
+from contracts.messages.items import ItemStatus, MessageItem
 from contracts.messages.parse import (
     Failed,
     Finished,
@@ -18,17 +19,19 @@ from contracts.messages.parse import (
     ParseEvent,
     Usage,
 )
-from services.gateway.generation import Generation, GenerationSpec
+from contracts.subjects import Subjects
+from services.common.bus import Bus
+from services.common.heartbeat import Peers
+from services.gateway.generation import Generation, Generations, GenerationSpec
 
 
-class Owner:
-    """Stands in for ``Generations``: records the attempts it is asked to send."""
-
-    max_resumes = 3
-    accept_timeout = 5.0
+class Owner(Generations):
+    """``Generations`` that records the attempts it is asked to send (its bus never connects)."""
 
     def __init__(self) -> None:
-        self.attempts: list[Any] = []
+        super().__init__(Bus(NatsClient(), Subjects("unit")), Peers(), "g1", accept_timeout=5.0,
+                         first_timeout=5.0, idle_timeout=5.0, max_resumes=3)
+        self.attempts: list[GenerateJob] = []
 
     async def submit(self, generation: Generation) -> None:
         self.attempts.append(generation.job("g1"))
@@ -37,8 +40,8 @@ class Owner:
         pass
 
 
-def message(text: str, status: str = "completed") -> MessageItem:
-    return MessageItem(role="assistant", content=text, id="msg_1", channel="final", status=status)  # type: ignore[arg-type]
+def message(text: str, status: ItemStatus = "completed") -> MessageItem:
+    return MessageItem(role="assistant", content=text, id="msg_1", channel="final", status=status)
 
 
 async def test_an_attempt_cut_by_the_engine_leaves_its_item_open_for_the_next() -> None:
@@ -46,7 +49,7 @@ async def test_an_attempt_cut_by_the_engine_leaves_its_item_open_for_the_next() 
     is resumed, so that message is not done: the next attempt continues it and closes it."""
     owner = Owner()
     spec = GenerationSpec(EncodeRequest(model="m", items=[]), SamplingParams(), ParseSpec(request_id="r1"))
-    gen = Generation(spec, owner, 5.0, 5.0)  # type: ignore[arg-type]
+    gen = Generation(spec, owner, 5.0, 5.0)
     await gen.owner.submit(gen)
     gen.deliver(GenerationAccepted(generation_id=gen.generation_id, dispatcher="d", worker="w", engine="sim"))
     engine_died = Failed(error=BusError(code=ErrorCode.ENGINE_UNAVAILABLE, message="the engine died", retryable=True))
@@ -64,6 +67,6 @@ async def test_an_attempt_cut_by_the_engine_leaves_its_item_open_for_the_next() 
             seen += batch
     assert len(owner.attempts) == 2 and owner.attempts[1].resume_tokens == [1, 2]
     done = [e for e in seen if isinstance(e, ItemDone)]
-    assert [d.item.content for d in done] == ["Hello world"]  # type: ignore[union-attr]
+    assert len(done) == 1 and isinstance(done[0].item, MessageItem) and done[0].item.content == "Hello world"
     assert "".join(e.delta for e in seen if isinstance(e, ItemDelta)) == "Hello world"
     assert isinstance(seen[-1], Finished)

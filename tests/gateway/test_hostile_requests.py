@@ -5,21 +5,23 @@ from __future__ import annotations
 
 import json
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.messages.encode import ResponseFormat
 from services.gateway.chat.convert import response_format_of
 from services.gateway.chat.models import ChatRequest
+from services.gateway.context import GatewayContext
 from services.gateway.errors import ApiError
 from services.gateway.http import Edge
 from services.gateway.responses.request import ResponsesRequest
 from services.gateway.responses.routes import replay
 from services.gateway.schemas import schema_problem
-from services.gateway.store import StoredResponse
+from services.gateway.store import ResponseStore, StoredResponse
 from services.gateway.structured import check
 
 # -- response formats whose references a validator could not follow --------------------------
@@ -152,22 +154,22 @@ def test_names_rendered_in_a_message_header_are_bounded(item: dict[str, Any]) ->
 #  chunked body: the client saw "incomplete chunked read" and lost the keep-alive connection)
 
 
-async def _run_edge(app: Any) -> list[dict[str, Any]]:
-    sent: list[dict[str, Any]] = []
+async def _run_edge(app: ASGIApp) -> list[Message]:
+    sent: list[Message] = []
 
-    async def receive() -> dict[str, Any]:
+    async def receive() -> Message:
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/responses", "headers": []}
+    scope: Scope = {"type": "http", "method": "POST", "path": "/v1/responses", "headers": []}
     await Edge(app, api_keys=[], max_body_bytes=1024)(scope, receive, send)
     return sent
 
 
 async def test_a_stream_that_fails_midway_ends_with_an_error_event() -> None:
-    async def app(scope: Any, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
         await send({"type": "http.response.body", "body": b"event: response.created\ndata: {}\n\n", "more_body": True})
@@ -182,7 +184,7 @@ async def test_a_stream_that_fails_midway_ends_with_an_error_event() -> None:
 
 
 async def test_a_failure_after_a_whole_answer_adds_nothing() -> None:
-    async def app(scope: Any, receive: Any, send: Any) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
         await send({"type": "http.response.body", "body": b"{}"})
         raise RuntimeError("a bug in clean-up")
@@ -212,6 +214,7 @@ class _Unlogged:
 
 async def test_replaying_a_finished_response_without_events_does_not_wait() -> None:
     store = _Unlogged()
-    ctx = SimpleNamespace(settings=SimpleNamespace(idle_timeout_s=30.0))
-    assert [chunk async for chunk in replay(ctx, store, "resp_1", -1)] == []  # type: ignore[arg-type]
+    # stand-ins for what replay reads: the idle timeout, and the store's two read methods
+    ctx = cast(GatewayContext, SimpleNamespace(settings=SimpleNamespace(idle_timeout_s=30.0)))
+    assert [chunk async for chunk in replay(ctx, cast(ResponseStore, store), "resp_1", -1)] == []
     assert store.waits == [0]

@@ -52,7 +52,8 @@ def spec() -> dict[str, Any]:
 
 
 def services() -> dict[str, dict[str, Any]]:
-    return spec()["services"]  # type: ignore[no-any-return]
+    found: dict[str, dict[str, Any]] = spec()["services"]
+    return found
 
 
 def chorus_services() -> dict[str, dict[str, Any]]:

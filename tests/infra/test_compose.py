@@ -145,8 +145,10 @@ def test_the_parser_scales_with_per_replica_health() -> None:
 
 
 def test_engines_models_and_credentials_come_from_the_environment() -> None:
-    assert ONE_VARIABLE.match(environment("dispatcher")["CHORUS_ENGINES"] or "")["name"] == "CHORUS_ENGINES"  # type: ignore[index]
-    assert ONE_VARIABLE.match(environment("gateway")["CHORUS_MODELS"] or "")["name"] == "CHORUS_MODELS"  # type: ignore[index]
+    engines = ONE_VARIABLE.match(environment("dispatcher")["CHORUS_ENGINES"] or "")
+    assert engines is not None and engines["name"] == "CHORUS_ENGINES"
+    models = ONE_VARIABLE.match(environment("gateway")["CHORUS_MODELS"] or "")
+    assert models is not None and models["name"] == "CHORUS_MODELS"
     nats = services()["nats"]["command"]
     for flag, var in (("--user", "CHORUS_NATS_USER"), ("--pass", "CHORUS_NATS_PASSWORD")):
         server_side = ONE_VARIABLE.match(nats[nats.index(flag) + 1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
@@ -16,7 +17,7 @@ PASSWORD = "s3cret word 'x' }"
 
 
 @pytest.fixture
-def auth_nats() -> str:  # type: ignore[misc]
+def auth_nats() -> Iterator[str]:
     binary = shutil.which("nats-server")
     if binary is None:
         pytest.skip("nats-server is not installed")

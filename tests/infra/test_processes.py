@@ -128,7 +128,8 @@ def test_redis_persists_appends_and_refuses_writes_when_full(redis_port: int) ->
     try:
         assert client.config_get("appendonly") == {"appendonly": "yes"}
         assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
-        assert int(client.config_get("maxmemory")["maxmemory"]) == 1024**3
+        maxmemory = client.config_get("maxmemory")["maxmemory"]
+        assert maxmemory is not None and int(maxmemory) == 1024**3
         client.set("chorus:response:kept", "state a client refers to")
         client.config_set("maxmemory", str(int(client.info("memory")["used_memory"]) + 64 * 1024))
         with pytest.raises(redis.exceptions.OutOfMemoryError):

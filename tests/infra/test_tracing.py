@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+from openai.types.responses import FunctionToolParam
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
@@ -273,9 +274,10 @@ async def test_streamed_chat_completion_is_one_trace(traced: RunningStack, recei
 
 async def test_response_with_a_function_call_is_one_trace(traced: RunningStack, receiver: Receiver) -> None:
     client = traced.async_client()
-    weather = {"type": "function", "name": "get_weather", "description": "The weather in a city.",
-               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                              "required": ["city"]}}
+    # openai-python requires "strict"; the API (and this gateway) take a tool without it
+    weather: FunctionToolParam = {  # type: ignore[typeddict-item]
+        "type": "function", "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
     resp = await client.responses.create(model=MODEL, input="What is the weather in Paris?", tools=[weather],
                                          max_output_tokens=200, temperature=0.7, top_p=0.95)
     assert [i.type for i in resp.output][-1] == "function_call"

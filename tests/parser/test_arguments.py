@@ -80,9 +80,9 @@ def broken(draw: st.DrawFn) -> tuple[Any, str]:
     def render(v: Any) -> str:
         if isinstance(v, dict):
             body = ", ".join(f"{render(k)}: {render(x)}" for k, x in v.items())
-            return "{" + body + ("," if v and draw(st.booleans()) else "") + "}"
+            return "{" + body + ("," if bool(v) and draw(st.booleans()) else "") + "}"
         if isinstance(v, list):
-            return "[" + ", ".join(render(x) for x in v) + ("," if v and draw(st.booleans()) else "") + "]"
+            return "[" + ", ".join(render(x) for x in v) + ("," if bool(v) and draw(st.booleans()) else "") + "]"
         encoded = json.dumps(v, ensure_ascii=False)
         if isinstance(v, str):
             if draw(st.booleans()):

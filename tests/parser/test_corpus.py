@@ -18,36 +18,41 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai_harmony import HarmonyEncoding
 
+from contracts.messages.generate import EngineFinishReason
 from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
-from contracts.messages.parse import Finished, ItemAdded, ItemDelta, ItemDone
+from contracts.messages.parse import Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent
 from services.parser.session import ParseSession
 
 CASES: list[dict[str, Any]] = json.loads((Path(__file__).parent / "fixtures" / "malformed.json").read_text())
 PLAIN = re.compile(r"⟦(.*?)⟧")
 
 
-def token_ids(encoding, case: dict[str, Any]) -> list[int]:  # type: ignore[no-untyped-def]
+def token_ids(encoding: HarmonyEncoding, case: dict[str, Any]) -> list[int]:
     if "token_ids" in case:
         return list(case["token_ids"])
-    text, ids, pos = case["harmony_text"], [], 0
+    text: str = case["harmony_text"]
+    ids: list[int] = []
+    pos = 0
     for m in PLAIN.finditer(text):
         ids += encoding.encode(text[pos : m.start()], allowed_special="all")
         ids += encoding.encode(m.group(1), disallowed_special=())
         pos = m.end()
-    return ids + encoding.encode(text[pos:], allowed_special="all")
+    ids += encoding.encode(text[pos:], allowed_special="all")
+    return ids
 
 
-def run(encoding, ids: list[int], tools: list[str], schemas: dict | None = None,  # type: ignore[no-untyped-def]
-        chunks: list[int] | None = None, finish: str = "stop") -> list:
+def run(encoding: HarmonyEncoding, ids: list[int], tools: list[str], schemas: dict[str, Any] | None = None,
+        chunks: list[int] | None = None, finish: EngineFinishReason = "stop") -> list[ParseEvent]:
     session = ParseSession(encoding, "req-1", tools, [], schemas or {})
-    events: list = []
+    events: list[ParseEvent] = []
     i = 0
     for n in chunks or []:
         events += session.feed(ids[i : i + n])
         i += n
     events += session.feed(ids[i:])
-    return events + session.finish(finish)  # type: ignore[arg-type]
+    return events + session.finish(finish)
 
 
 def _args(text: str) -> Any:
@@ -57,7 +62,7 @@ def _args(text: str) -> Any:
         return text  # kept verbatim when not JSON
 
 
-def summarise(events: list) -> dict[str, Any]:
+def summarise(events: list[ParseEvent]) -> dict[str, Any]:
     done = [e.item for e in events if isinstance(e, ItemDone)]
     finished = events[-1]
     assert isinstance(finished, Finished)
@@ -71,9 +76,9 @@ def summarise(events: list) -> dict[str, Any]:
     }
 
 
-def shape(events: list) -> list:
+def shape(events: list[ParseEvent]) -> list[tuple[str, int | None, str]]:
     """The events with each item's deltas merged: what must not depend on batching."""
-    out: list = []
+    out: list[tuple[str, int | None, str]] = []
     for e in events:
         if isinstance(e, ItemDelta) and out and out[-1][0] == "delta" and out[-1][1] == e.output_index:
             out[-1] = ("delta", e.output_index, out[-1][2] + e.delta)
@@ -84,7 +89,7 @@ def shape(events: list) -> list:
     return out
 
 
-def check_stream(events: list) -> None:
+def check_stream(events: list[ParseEvent]) -> None:
     """The event contract the gateway relies on: ItemAdded first, deltas only for an open item,
     ItemDone once, Finished/Failed last; the streamed text is exactly the done text, for
     arguments too (repaired ones included: Chat clients build them from the deltas)."""
@@ -114,7 +119,7 @@ def check_stream(events: list) -> None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_corpus_case(encoding, case: dict) -> None:  # type: ignore[no-untyped-def]
+def test_corpus_case(encoding: HarmonyEncoding, case: dict[str, Any]) -> None:
     ids = token_ids(encoding, case)
     assert encoding.decode(ids) == PLAIN.sub(r"\1", case["harmony_text"]), "text and token ids agree"
     finish = case.get("engine_finish", "stop")
@@ -142,7 +147,7 @@ def test_corpus_is_broad() -> None:
     assert len({c["name"] for c in CASES}) == len(CASES)
 
 
-def test_split_characters_stream_whole(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_split_characters_stream_whole(encoding: HarmonyEncoding) -> None:
     """Emoji and CJK split across tokens come out whole in every delta, one token per batch."""
     text = "Grüße 👋🏽 東京 🦩 𝕏 鑫龘 🧑‍🚀 — ok"
     ids = encoding.encode(f"<|channel|>final<|message|>{text}<|return|>", allowed_special="all")
@@ -152,28 +157,36 @@ def test_split_characters_stream_whole(encoding) -> None:  # type: ignore[no-unt
     assert "".join(deltas) == text and not any("\ufffd" in d for d in deltas)
 
 
-def test_cut_inside_reasoning_and_arguments_is_incomplete(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_cut_inside_reasoning_and_arguments_is_incomplete(encoding: HarmonyEncoding) -> None:
     text = "<|channel|>analysis<|message|>Long thought that goes"
     s = ParseSession(encoding, "r", [])
     events = s.feed(encoding.encode(text, allowed_special="all")) + s.finish("length")
     done = [e.item for e in events if isinstance(e, ItemDone)]
+    assert isinstance(done[0], ReasoningItem)
     assert done[0].status == "incomplete" and done[0].text == "Long thought that goes"
-    assert events[-1].finish_reason == "length"
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "length"
     text = '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": "unfini'
     s = ParseSession(encoding, "r", ["f"])
     events = s.feed(encoding.encode(text, allowed_special="all")) + s.finish("length")
     call = [e.item for e in events if isinstance(e, ItemDone)][0]
+    assert isinstance(call, FunctionCallItem)
     assert call.status == "incomplete" and call.arguments == '{"a": "unfini'
-    assert events[-1].finish_reason == "length"
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason == "length"
 
 
-def test_ids_are_deterministic_and_per_turn(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_ids_are_deterministic_and_per_turn(encoding: HarmonyEncoding) -> None:
     ids = encoding.encode("<|channel|>final<|message|>x<|return|>", allowed_special="all")
-    a = ParseSession(encoding, "req", []).feed(ids)
-    b = ParseSession(encoding, "req", []).feed(ids)
-    c = ParseSession(encoding, "req", [], turn=1).feed(ids)
-    d = ParseSession(encoding, "other", []).feed(ids)
-    assert a[0].item.id == b[0].item.id != c[0].item.id != d[0].item.id
+
+    def first_id(session: ParseSession) -> str | None:
+        added = session.feed(ids)[0]
+        assert isinstance(added, ItemAdded)
+        return added.item.id
+
+    a = first_id(ParseSession(encoding, "req", []))
+    b = first_id(ParseSession(encoding, "req", []))
+    c = first_id(ParseSession(encoding, "req", [], turn=1))
+    d = first_id(ParseSession(encoding, "other", []))
+    assert a == b != c != d
 
 
 @pytest.mark.parametrize(("name", "kind"), [
@@ -201,7 +214,7 @@ def test_ids_are_deterministic_and_per_turn(encoding) -> None:  # type: ignore[n
     ("start_inside_content_resyncs", "start_in_content"),
     ("endoftext_boundary", "endoftext_boundary"),
 ])
-def test_recoveries_are_named(encoding, name: str, kind: str | None) -> None:  # type: ignore[no-untyped-def]
+def test_recoveries_are_named(encoding: HarmonyEncoding, name: str, kind: str | None) -> None:
     case = next(c for c in CASES if c["name"] == name)
     got = summarise(run(encoding, token_ids(encoding, case), case["tools"], case.get("schemas"),
                         finish=case.get("engine_finish", "stop")))
@@ -211,7 +224,7 @@ def test_recoveries_are_named(encoding, name: str, kind: str | None) -> None:  #
         assert kind in got["recoveries"]
 
 
-def test_well_formed_output_needs_no_recovery(encoding) -> None:  # type: ignore[no-untyped-def]
+def test_well_formed_output_needs_no_recovery(encoding: HarmonyEncoding) -> None:
     for name in ("well_formed_tool_call", "final_only", "preamble_then_call"):
         case = next(c for c in CASES if c["name"] == name)
         assert summarise(run(encoding, token_ids(encoding, case), case["tools"]))["recoveries"] == []

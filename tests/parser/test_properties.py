@@ -14,11 +14,14 @@ What is asserted precisely:
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contracts.messages.generate import EngineFinishReason
 from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
-from contracts.messages.parse import ItemDone
+from contracts.messages.parse import Finished, ItemDone, ParseEvent
 from services.common.harmony import (
     CALL,
     CHANNEL,
@@ -41,8 +44,9 @@ ANY_SPECIAL = [*BREAKING, START, CHANNEL]
 
 
 @st.composite
-def outputs(draw):  # type: ignore[no-untyped-def]
-    reasoning, answer = draw(TEXT), draw(TEXT)
+def outputs(draw: st.DrawFn) -> tuple[str, list[str]]:
+    reasoning: str = draw(TEXT)
+    answer: str = draw(TEXT)
     with_call = draw(st.booleans())
     text = f"<|channel|>analysis<|message|>{reasoning}<|end|>"
     if with_call:
@@ -52,9 +56,9 @@ def outputs(draw):  # type: ignore[no-untyped-def]
     return text, [reasoning] + ([] if with_call else [answer])
 
 
-def parse(ids: list[int], chunks: list[int] | None = None, finish: str = "stop") -> list:
+def parse(ids: list[int], chunks: list[int] | None = None, finish: EngineFinishReason = "stop") -> list[ParseEvent]:
     s = ParseSession(ENC, "prop", ["f"])
-    events: list = []
+    events: list[ParseEvent] = []
     if chunks:
         i = 0
         for n in chunks:
@@ -66,8 +70,8 @@ def parse(ids: list[int], chunks: list[int] | None = None, finish: str = "stop")
     return events + s.finish(finish)
 
 
-def fields(events: list) -> list[str]:
-    out = []
+def fields(events: list[ParseEvent]) -> list[str]:
+    out: list[str] = []
     for e in events:
         if isinstance(e, ItemDone):
             item = e.item
@@ -84,7 +88,7 @@ def fields(events: list) -> list[str]:
     return out
 
 
-def done_items(events: list) -> list:
+def done_items(events: list[ParseEvent]) -> list[dict[str, Any]]:
     return [e.item.model_dump() for e in events if isinstance(e, ItemDone)] + [events[-1].model_dump()]
 
 
@@ -93,7 +97,7 @@ SETTINGS = settings(max_examples=120, deadline=None, suppress_health_check=[Heal
 
 @SETTINGS
 @given(outputs(), st.data())
-def test_spliced_specials_never_break_or_leak(out, data) -> None:  # type: ignore[no-untyped-def]
+def test_spliced_specials_never_break_or_leak(out: tuple[str, list[str]], data: st.DataObject) -> None:
     text, _ = out
     ids = ENC.encode(text, allowed_special="all")
     for _ in range(data.draw(st.integers(1, 3))):
@@ -110,13 +114,13 @@ def test_spliced_specials_never_break_or_leak(out, data) -> None:  # type: ignor
 
 @SETTINGS
 @given(outputs(), st.data())
-def test_every_truncation_point(out, data) -> None:  # type: ignore[no-untyped-def]
+def test_every_truncation_point(out: tuple[str, list[str]], data: st.DataObject) -> None:
     text, _ = out
     ids = ENC.encode(text, allowed_special="all")
     cut = data.draw(st.integers(0, len(ids)))
     events = parse(ids[:cut], finish="length")
     check_stream(events)
-    assert events[-1].finish_reason in ("length", "tool_calls")
+    assert isinstance(events[-1], Finished) and events[-1].finish_reason in ("length", "tool_calls")
     assert all("<|" not in f for f in fields(events))
     assert [e.output_index for e in events if e.type == "item_added"] == \
            [e.output_index for e in events if e.type == "item_done"]
@@ -124,7 +128,7 @@ def test_every_truncation_point(out, data) -> None:  # type: ignore[no-untyped-d
 
 @SETTINGS
 @given(outputs(), st.data())
-def test_message_text_survives_breaking_tokens(out, data) -> None:  # type: ignore[no-untyped-def]
+def test_message_text_survives_breaking_tokens(out: tuple[str, list[str]], data: st.DataObject) -> None:
     text, pieces = out
     ids = ENC.encode(text, allowed_special="all")
     for _ in range(data.draw(st.integers(1, 3))):
@@ -142,7 +146,7 @@ def test_message_text_survives_breaking_tokens(out, data) -> None:  # type: igno
 
 @SETTINGS
 @given(st.lists(st.integers(0, 200_018), max_size=60), st.sampled_from(["stop", "length", "abort"]))
-def test_arbitrary_token_soup(ids, finish) -> None:  # type: ignore[no-untyped-def]
+def test_arbitrary_token_soup(ids: list[int], finish: EngineFinishReason) -> None:
     events = parse(ids, finish=finish)
     check_stream(events)
     assert events[-1].type == "finished"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -88,7 +89,7 @@ def test_plain_message_gets_analysis_and_an_echoing_final_answer() -> None:
         ("please lookup 'cats and dogs'", "lookup", {"query": "cats and dogs"}),
     ],
 )
-def test_tool_call_with_synthesized_arguments(text: str, tool: str, args: dict) -> None:
+def test_tool_call_with_synthesized_arguments(text: str, tool: str, args: dict[str, Any]) -> None:
     script = plan(user_prompt(text, [WEATHER, LOOKUP]), ENC)
     assert script.output_ids[-1] == CALL
     analysis, call = parse_output(script.output_ids)

@@ -51,7 +51,7 @@ def sglang_body(prompt: list[int], rid: str, **sp: Any) -> dict[str, Any]:
                                 "skip_special_tokens": False, "no_stop_trim": True, **sp}}
 
 
-async def events(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[Any]:
+async def events(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     async with http.stream("POST", path, json=body) as resp:
         assert resp.status_code == 200, await resp.aread()
         assert resp.headers["x-chorus-simulator"] == "true"
@@ -100,7 +100,8 @@ async def test_vllm_error_mid_stream(http: httpx.AsyncClient, sim: RunningSim) -
     chunks = await events(http, "/v1/completions", vllm_body(user_prompt("x [[sim:error_after=4]]"), "v4"))
     assert "error" in chunks[-1] and chunks[-1]["error"]["code"] == 500
     assert sum(len(c["choices"][0]["token_ids"]) for c in chunks[:-1]) == 4
-    assert sim.recorder.get("v4").finish_reason == "error"
+    record = sim.recorder.get("v4")
+    assert record is not None and record.finish_reason == "error"
 
 
 @pytest.mark.parametrize(("directive", "status"), [("[[sim:status=503]]", 503), ("[[sim:status=429]]", 429)])

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import httpx2
 import pytest
+from mcp import types
 from mcp.server.transport_security import TransportSecuritySettings
 
 from contracts.messages.tools import McpServer
@@ -47,6 +48,13 @@ def checked_pool(resolver: FakeResolver, *, allow_loopback: bool = True) -> Sess
     return SessionPool(connect, connect_timeout_s=2, idle_s=60, max_sessions=8)
 
 
+def text_of(result: types.CallToolResult) -> str:
+    """The text of a tool result's first block."""
+    block = result.content[0]
+    assert isinstance(block, types.TextContent)
+    return block.text
+
+
 def target(url: str, **headers: str) -> tuple[ServerKey, McpServer]:
     return server_key(url, headers), McpServer(server_label="t", server_url=url, headers=headers)
 
@@ -64,10 +72,9 @@ async def test_concurrent_callers_share_one_session(mode: str) -> None:
 
         async def call() -> str:
             async with p.session(key, server) as client:
-                result = await client.call_tool("meet", {})
-                return str(result.content[0].text)  # type: ignore[union-attr]
+                return text_of(await client.call_tool("meet", {}))
 
-        assert await asyncio.gather(call(), call()) == ["met", "met"]
+        assert list(await asyncio.gather(call(), call())) == ["met", "met"]  # typeshed says tuple; it is a list
         assert p.opened == 1 and len(p) == 1 and srv.handshakes == 1
 
 
@@ -94,7 +101,7 @@ async def test_busy_sessions_do_not_idle_out() -> None:
                 async with asyncio.timeout(0.3):
                     await client.call_tool("hang", {})
             assert closed.empty()
-            assert (await client.call_tool("echo", {"text": "still here"})).content[0].text == "still here"  # type: ignore[union-attr]
+            assert text_of(await client.call_tool("echo", {"text": "still here"})) == "still here"
 
 
 async def test_least_recently_used_idle_session_is_evicted() -> None:
@@ -173,9 +180,9 @@ async def test_the_connection_goes_to_the_checked_address() -> None:
         async with checked_pool(resolver) as p:
             key, server = target(url)
             async with p.session(key, server) as client:
-                assert (await client.call_tool("add", {"a": 1, "b": 2})).content[0].text == "3"  # type: ignore[union-attr]
+                assert text_of(await client.call_tool("add", {"a": 1, "b": 2})) == "3"
                 resolver.answers["mcp.pinned.test"] = ["127.0.0.2"]  # nothing listens there
-                assert (await client.call_tool("add", {"a": 2, "b": 2})).content[0].text == "4"  # type: ignore[union-attr]
+                assert text_of(await client.call_tool("add", {"a": 2, "b": 2})) == "4"
             assert resolver.lookups == [("mcp.pinned.test", srv.port)]
             assert srv.requests and set(srv.headers_seen("host")) == {f"mcp.pinned.test:{srv.port}"}
             seen = len(srv.requests)
@@ -205,7 +212,7 @@ async def test_the_next_checked_address_is_tried_when_one_refuses() -> None:
         async with checked_pool(resolver) as p:
             key, server = target(f"http://mcp.pinned.test:{srv.port}/mcp")
             async with p.session(key, server) as client:
-                assert (await client.call_tool("echo", {"text": "here"})).content[0].text == "here"  # type: ignore[union-attr]
+                assert text_of(await client.call_tool("echo", {"text": "here"})) == "here"
         assert srv.handshakes == 1
 
 

@@ -54,7 +54,7 @@ def test_tool_info() -> None:
 
 
 def _result(content: list[types.ContentBlock], structured: object = None, error: bool = False) -> types.CallToolResult:
-    return types.CallToolResult(content=content, structured_content=structured, is_error=error)  # type: ignore[arg-type]
+    return types.CallToolResult(content=content, structured_content=structured, is_error=error)
 
 
 def test_result_text_joins_blocks() -> None:

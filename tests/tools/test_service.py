@@ -320,20 +320,22 @@ async def test_sse_transport(tools: Tools) -> None:
 
 
 async def test_builtin_tool_servers(nats_url: str, namespace: str) -> None:
-    async with serve_mcp() as builtin, serve_mcp() as other:
-        overrides = {"builtin_tools": {"calc": builtin.url}, "allow_loopback": False}
-        async with tools_service(nats_url, namespace, **overrides) as tools:
-            listed = await tools.list(McpServer.builtin("calc"))
-            assert listed.server_label == "calc" and "add" in {t.name for t in listed.tools}
-            result = await tools.call(McpServer.builtin("calc"), "add", '{"a": 1, "b": 1}')
-            assert result.output == "2"
-            # a configured server is allowed by URL too; loopback in general is not
-            assert (await tools.call(mcp(builtin.url), "echo", '{"text": "x"}')).output == "x"
-            refused = await tools.call(mcp(other.url), "echo", '{"text": "x"}')
-            assert refused.error == UNREACHABLE and other.requests == []
-            with pytest.raises(BusFailure) as unknown:
-                await tools.list(McpServer.builtin("browser"))
-            assert "browser" in unknown.value.error.message
+    async with (
+        serve_mcp() as builtin,
+        serve_mcp() as other,
+        tools_service(nats_url, namespace, builtin_tools={"calc": builtin.url}, allow_loopback=False) as tools,
+    ):
+        listed = await tools.list(McpServer.builtin("calc"))
+        assert listed.server_label == "calc" and "add" in {t.name for t in listed.tools}
+        result = await tools.call(McpServer.builtin("calc"), "add", '{"a": 1, "b": 1}')
+        assert result.output == "2"
+        # a configured server is allowed by URL too; loopback in general is not
+        assert (await tools.call(mcp(builtin.url), "echo", '{"text": "x"}')).output == "x"
+        refused = await tools.call(mcp(other.url), "echo", '{"text": "x"}')
+        assert refused.error == UNREACHABLE and other.requests == []
+        with pytest.raises(BusFailure) as unknown:
+            await tools.list(McpServer.builtin("browser"))
+        assert "browser" in unknown.value.error.message
 
 
 async def test_restarted_server_gets_a_new_session(nats_url: str, namespace: str) -> None:
@@ -383,11 +385,10 @@ async def test_a_flood_against_a_dead_server_does_not_delay_other_servers(nats_u
     """20 calls (each its own session) against a server that accepts connections and never
     answers, on a replica handling 8 requests at once: at most 2 connect, 2 more wait, the rest
     are turned away at once. A call to a healthy server completes while the flood is pending."""
-    overrides = {"max_concurrency": 8, "max_concurrency_per_server": 2, "max_waiting_per_server": 2,
-                 "server_queue_timeout_s": 60, "connect_timeout_s": 60, "unreachable_ttl_s": 0}
     # on exit the dead server closes its connections first, then the flood is awaited
     async with (
-        tools_service(nats_url, namespace, **overrides) as tools,
+        tools_service(nats_url, namespace, max_concurrency=8, max_concurrency_per_server=2, max_waiting_per_server=2,
+                      server_queue_timeout_s=60, connect_timeout_s=60, unreachable_ttl_s=0) as tools,
         serve_mcp() as healthy,
         asyncio.TaskGroup() as tg,
         hanging_server() as dead,
