@@ -139,6 +139,8 @@ class ChatState:
         msg: dict[str, Any] = {
             "role": "assistant",
             "content": "".join(self.content) if (self.content or not self.tools) else None,
+            "refusal": None,
+            "annotations": [],
             "reasoning_content": reasoning,
             "reasoning": reasoning,
         }

@@ -42,19 +42,21 @@ DONE = b"data: [DONE]\n\n"
 class ChunkWriter:
     """SSE chunks of one streamed completion: the envelope is serialised once, each delta is
     spliced into it (a chunk per parser batch is on every token's path). Every chunk is a
-    valid ChatCompletionChunk (a test checks)."""
+    valid ChatCompletionChunk (a test checks). With ``include_usage`` every chunk but the last
+    carries ``"usage": null``, as OpenAI's do."""
 
-    def __init__(self, base: dict[str, Any]) -> None:
+    def __init__(self, base: dict[str, Any], *, include_usage: bool = False) -> None:
         head = orjson.dumps({**base, "choices": [{"index": 0, "delta": None}]})
         self._head = b"data: " + head[: head.rindex(b"null")]
-        self._tail = b',"logprobs":null,"finish_reason":null}]}\n\n'
+        self._end = b'}],"usage":null}\n\n' if include_usage else b"}]}\n\n"
+        self._tail = b',"logprobs":null,"finish_reason":null' + self._end
         self.base = base
 
     def delta(self, delta: dict[str, Any]) -> bytes:
         return self._head + orjson.dumps(delta) + self._tail
 
     def finish(self, finish_reason: str) -> bytes:
-        return self._head + b'{},"logprobs":null,"finish_reason":' + orjson.dumps(finish_reason) + b"}]}\n\n"
+        return self._head + b'{},"logprobs":null,"finish_reason":' + orjson.dumps(finish_reason) + self._end
 
     def usage(self, state: ChatState) -> bytes:
         usage = usage_json(state.finished.usage if state.finished else None)
@@ -155,12 +157,12 @@ async def _streamed(ctx: GatewayContext, body: ChatRequest, spec: GenerationSpec
 
 async def _chunks(ctx: GatewayContext, body: ChatRequest, spec: GenerationSpec, request_id: str,
                   holder: list[Generation], seen: Observed, fmt: ResponseFormat | None) -> AsyncGenerator[bytes, None]:
-    chunks = ChunkWriter({"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                          "model": body.model, "system_fingerprint": None})
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    chunks = ChunkWriter({"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                          "model": body.model, "system_fingerprint": None}, include_usage=include_usage)
     async with ctx.generations.open(spec) as generation:
         holder.append(generation)
-        yield chunks.delta({"role": "assistant", "content": ""})
+        yield chunks.delta({"role": "assistant", "content": "", "refusal": None})
         state = ChatState()
         async for batch in generation.batches():
             out = b"".join(chunks.delta(delta) for delta in state.apply(batch))
