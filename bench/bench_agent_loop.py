@@ -26,13 +26,16 @@ from openai.types.responses import FunctionToolParam
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from chorus_stack import Stack, chorus_services, cpu_seconds  # noqa: E402
+from chorus_stack import Stack, chorus_services, cpu_seconds
 
 MODEL = "openai/gpt-oss-20b"
 # openai-python requires "strict"; the API (and this gateway) take a tool without it
 WEATHER: FunctionToolParam = {  # type: ignore[typeddict-item]
-    "type": "function", "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    "type": "function",
+    "name": "get_weather",
+    "description": "Current weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 def tool_output(turn: int, lines: int) -> str:
@@ -54,8 +57,11 @@ class Meter:
     """CPU seconds of the gateway and the encoder between two readings."""
 
     def __init__(self, stack: Stack) -> None:
-        self.pids = {pid: name for pid, name in chorus_services(stack.up.pid).items()
-                     if name.split("-")[0] in ("gateway", "encoder")}
+        self.pids = {
+            pid: name
+            for pid, name in chorus_services(stack.up.pid).items()
+            if name.split("-")[0] in ("gateway", "encoder")
+        }
 
     def read(self) -> dict[str, float]:
         return {name: cpu_seconds(pid) for pid, name in self.pids.items()}
@@ -70,8 +76,10 @@ def over_http(client: openai.OpenAI, turns: int, lines: int) -> list[float]:
         times.append(time.perf_counter() - started)
         call = call_of(resp.output)
         history += [i.model_dump(exclude_none=True) for i in resp.output]
-        history += [{"type": "function_call_output", "call_id": call.call_id, "output": tool_output(turn, lines)},
-                    question(turn + 1)]
+        history += [
+            {"type": "function_call_output", "call_id": call.call_id, "output": tool_output(turn, lines)},
+            question(turn + 1),
+        ]
     return times
 
 
@@ -82,8 +90,13 @@ def over_websocket(client: openai.OpenAI, turns: int, lines: int) -> list[float]
         previous: str | None = None
         for turn in range(turns):
             started = time.perf_counter()
-            conn.response.create(model=MODEL, input=new, tools=[WEATHER], store=False,
-                                 previous_response_id=previous if previous else openai.omit)
+            conn.response.create(
+                model=MODEL,
+                input=new,
+                tools=[WEATHER],
+                store=False,
+                previous_response_id=previous if previous else openai.omit,
+            )
             for event in conn:
                 if event.type in ("response.completed", "response.failed", "response.incomplete", "error"):
                     break
@@ -92,8 +105,10 @@ def over_websocket(client: openai.OpenAI, turns: int, lines: int) -> list[float]
                 raise RuntimeError(f"turn {turn}: {event}")
             previous = event.response.id
             call = call_of(event.response.output)
-            new = [{"type": "function_call_output", "call_id": call.call_id, "output": tool_output(turn, lines)},
-                   question(turn + 1)]
+            new = [
+                {"type": "function_call_output", "call_id": call.call_id, "output": tool_output(turn, lines)},
+                question(turn + 1),
+            ]
     return times
 
 
@@ -126,12 +141,16 @@ def main() -> None:
             per_turn = [statistics.median(r[t] for r in rounds) for t in range(args.turns)]
             totals[name] = statistics.median(sum(r) for r in rounds)
             spent = {p: s / (args.rounds * args.turns) * 1000 for p, s in sorted(cpu[name].items())}
-            print(f"  {name:9s} end to end {totals[name] * 1000:8.1f} ms  first turn {per_turn[0] * 1000:6.1f} ms  "
-                  f"last turn {per_turn[-1] * 1000:6.1f} ms  CPU per turn: "
-                  + ", ".join(f"{p} {ms:.1f} ms" for p, ms in spent.items()))
+            print(
+                f"  {name:9s} end to end {totals[name] * 1000:8.1f} ms  first turn {per_turn[0] * 1000:6.1f} ms  "
+                f"last turn {per_turn[-1] * 1000:6.1f} ms  CPU per turn: "
+                + ", ".join(f"{p} {ms:.1f} ms" for p, ms in spent.items())
+            )
         gain = 1 - totals["websocket"] / totals["http"]
-        print(f"  WebSocket vs HTTP end to end: {gain * 100:.0f}% less time (target >= 30%: "
-              f"{'met' if gain >= 0.30 else 'MISSED'})")
+        print(
+            f"  WebSocket vs HTTP end to end: {gain * 100:.0f}% less time (target >= 30%: "
+            f"{'met' if gain >= 0.30 else 'MISSED'})"
+        )
     finally:
         stack.stop()
 

@@ -50,17 +50,26 @@ def prompt_ids(text: str) -> list[int]:
     from openai_harmony import Conversation, Message, Role, SystemContent
 
     enc = harmony_encoding()
-    conv = Conversation.from_messages([
-        Message.from_role_and_content(Role.SYSTEM, SystemContent.new()),
-        Message.from_role_and_content(Role.USER, text),
-    ])
+    conv = Conversation.from_messages(
+        [
+            Message.from_role_and_content(Role.SYSTEM, SystemContent.new()),
+            Message.from_role_and_content(Role.USER, text),
+        ]
+    )
     return list(enc.render_conversation_for_completion(conv, Role.ASSISTANT))
 
 
 async def direct_once(http: httpx.AsyncClient, engine: str, ids: list[int]) -> tuple[float, float, int]:
-    body = {"model": MODEL, "prompt": ids, "max_tokens": 4096, "stream": True,
-            "stream_options": {"include_usage": True}, "return_token_ids": True,
-            "skip_special_tokens": False, "stop_token_ids": [200002, 200012]}
+    body = {
+        "model": MODEL,
+        "prompt": ids,
+        "max_tokens": 4096,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "stop_token_ids": [200002, 200012],
+    }
     t0 = time.perf_counter()
     ttft = None
     tokens = 0
@@ -77,8 +86,12 @@ async def direct_once(http: httpx.AsyncClient, engine: str, ids: list[int]) -> t
 
 
 async def chorus_once(http: httpx.AsyncClient, base: str, text: str, timings: list[float]) -> tuple[float, float, int]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     ttft = None
     tokens = 0
@@ -100,8 +113,9 @@ async def chorus_once(http: httpx.AsyncClient, base: str, text: str, timings: li
     return ttft or 0.0, time.perf_counter() - t0, tokens
 
 
-async def run_load(fn: Callable[[], Awaitable[tuple[float, float, int]]], n: int,
-                   concurrency: int) -> list[tuple[float, float, int]]:
+async def run_load(
+    fn: Callable[[], Awaitable[tuple[float, float, int]]], n: int, concurrency: int
+) -> list[tuple[float, float, int]]:
     sem = asyncio.Semaphore(concurrency)
     results: list[tuple[float, float, int]] = []
 
@@ -132,28 +146,63 @@ def children(pid: int) -> dict[int, str]:
 def report(name: str, rows: list[tuple[float, float, int]]) -> dict[str, float]:
     ttft = [r[0] * 1000 for r in rows]
     total = [r[1] * 1000 for r in rows]
-    figures = {"ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99),
-               "total_p50": pct(total, 50), "total_p99": pct(total, 99)}
-    print(f"  {name:<8} TTFT p50 {figures['ttft_p50']:7.2f} ms  p99 {figures['ttft_p99']:7.2f} ms   "
-          f"total p50 {figures['total_p50']:7.2f} ms  p99 {figures['total_p99']:7.2f} ms  (n={len(rows)})")
+    figures = {
+        "ttft_p50": pct(ttft, 50),
+        "ttft_p99": pct(ttft, 99),
+        "total_p50": pct(total, 50),
+        "total_p99": pct(total, 99),
+    }
+    print(
+        f"  {name:<8} TTFT p50 {figures['ttft_p50']:7.2f} ms  p99 {figures['ttft_p99']:7.2f} ms   "
+        f"total p50 {figures['total_p50']:7.2f} ms  p99 {figures['total_p99']:7.2f} ms  (n={len(rows)})"
+    )
     return figures
 
 
-def start_processes(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str, str, Path]:
+def start_processes(
+    args: argparse.Namespace,
+) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str, str, Path]:
     """The simulated engine and `chorus up` in front of it; waits until /health says 200."""
     log_dir = Path(tempfile.mkdtemp(prefix="chorus-bench-"))
     sim_port, port = free_port(), free_port()
     engine = f"http://127.0.0.1:{sim_port}"
-    env = {**os.environ, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(sim_port),
-           "CHORUS_SIM_PROTOCOL": "vllm", "CHORUS_SIM_TOKEN_DELAY_MS": "0",
-           "CHORUS_SIM_TOKENS_PER_CHUNK": str(args.tokens_per_chunk)}
+    env = {
+        **os.environ,
+        "CHORUS_SIM_HOST": "127.0.0.1",
+        "CHORUS_SIM_PORT": str(sim_port),
+        "CHORUS_SIM_PROTOCOL": "vllm",
+        "CHORUS_SIM_TOKEN_DELAY_MS": "0",
+        "CHORUS_SIM_TOKENS_PER_CHUNK": str(args.tokens_per_chunk),
+    }
     with open(log_dir / "sim.log", "wb") as sim_log, open(log_dir / "up.out", "wb") as up_log:
-        sim = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", "sim-engine"], env=env,
-                               stdout=sim_log, stderr=subprocess.STDOUT)
-        up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--port", str(port),
-                               "--engine", f"sim={engine}", "--namespace", f"bench{port}",
-                               "--parser-workers", str(args.parser_workers), "--log-dir", str(log_dir),
-                               "--log-level", "WARNING"], stdout=up_log, stderr=subprocess.STDOUT)
+        sim = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", "serve", "sim-engine"],
+            env=env,
+            stdout=sim_log,
+            stderr=subprocess.STDOUT,
+        )
+        up = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "services.cli",
+                "up",
+                "--port",
+                str(port),
+                "--engine",
+                f"sim={engine}",
+                "--namespace",
+                f"bench{port}",
+                "--parser-workers",
+                str(args.parser_workers),
+                "--log-dir",
+                str(log_dir),
+                "--log-level",
+                "WARNING",
+            ],
+            stdout=up_log,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 90
     while True:
@@ -177,9 +226,11 @@ async def main(args: argparse.Namespace, up_pid: int, base: str, engine: str, lo
         for _ in range(20):  # warm-up
             await direct_once(http, engine, ids)
             await chorus_once(http, base, text, render)
-        print(f"Chorus benchmark on {os.cpu_count()} cores; simulated engine at zero delay, "
-              f"{args.tokens_per_chunk} token(s) per streamed chunk; {args.tokens}-token answers; "
-              f"logs in {log_dir}")
+        print(
+            f"Chorus benchmark on {os.cpu_count()} cores; simulated engine at zero delay, "
+            f"{args.tokens_per_chunk} token(s) per streamed chunk; {args.tokens}-token answers; "
+            f"logs in {log_dir}"
+        )
         summary = {}
         for conc in (1, 32):
             print(f"concurrency {conc}:")
@@ -187,8 +238,10 @@ async def main(args: argparse.Namespace, up_pid: int, base: str, engine: str, lo
             render.clear()
             c = report("chorus", await run_load(lambda: chorus_once(http, base, text, render), args.requests, conc))
             added = c["ttft_p50"] - d["ttft_p50"]
-            print(f"  added by Chorus: TTFT p50 +{added:.2f} ms, total p50 +{c['total_p50'] - d['total_p50']:.2f} ms; "
-                  f"prompt rendering p50 {statistics.median(render) if render else 0:.3f} ms (included above)")
+            print(
+                f"  added by Chorus: TTFT p50 +{added:.2f} ms, total p50 +{c['total_p50'] - d['total_p50']:.2f} ms; "
+                f"prompt rendering p50 {statistics.median(render) if render else 0:.3f} ms (included above)"
+            )
             summary[conc] = (d, c)
         ttext = f"Throughput run [[sim:tokens={args.throughput_tokens}]]"
         n = args.throughput_requests
@@ -206,8 +259,10 @@ async def main(args: argparse.Namespace, up_pid: int, base: str, engine: str, lo
         wall = time.perf_counter() - t0
         sampler.cancel()
         tokens = sum(r[2] for r in rows)
-        print(f"throughput at concurrency 64: {tokens} output tokens in {wall:.2f} s = "
-              f"{tokens / wall:,.0f} tokens/s through the whole stack ({n} requests)")
+        print(
+            f"throughput at concurrency 64: {tokens} output tokens in {wall:.2f} s = "
+            f"{tokens / wall:,.0f} tokens/s through the whole stack ({n} requests)"
+        )
         print("peak RSS per process under that load:")
         for name, mb in sorted(peak.items()):
             print(f"  {name:<40} {mb:6.1f} MB")
@@ -220,9 +275,13 @@ if __name__ == "__main__":
     ap.add_argument("--throughput-tokens", type=int, default=2000)
     ap.add_argument("--throughput-requests", type=int, default=128)
     ap.add_argument("--parser-workers", type=int, default=2)
-    ap.add_argument("--tokens-per-chunk", type=int, default=1,
-                    help="tokens the simulated engine sends per stream chunk (real engines send "
-                         "one per decode step per request, or more with a stream interval)")
+    ap.add_argument(
+        "--tokens-per-chunk",
+        type=int,
+        default=1,
+        help="tokens the simulated engine sends per stream chunk (real engines send "
+        "one per decode step per request, or more with a stream interval)",
+    )
     args = ap.parse_args()
     sim, up, base, engine, log_dir = start_processes(args)
     try:

@@ -107,20 +107,46 @@ class Stack:
         sim_port, port = free_port(), free_port()
         self.engine = f"http://127.0.0.1:{sim_port}"
         self.base = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(sim_port),
-               "CHORUS_SIM_PROTOCOL": "vllm", "CHORUS_SIM_TOKEN_DELAY_MS": "0",
-               "CHORUS_SIM_TOKENS_PER_CHUNK": str(args.tokens_per_chunk),
-               "CHORUS_SIM_LOG_LEVEL": "WARNING"}
+        env = {
+            **os.environ,
+            "CHORUS_SIM_HOST": "127.0.0.1",
+            "CHORUS_SIM_PORT": str(sim_port),
+            "CHORUS_SIM_PROTOCOL": "vllm",
+            "CHORUS_SIM_TOKEN_DELAY_MS": "0",
+            "CHORUS_SIM_TOKENS_PER_CHUNK": str(args.tokens_per_chunk),
+            "CHORUS_SIM_LOG_LEVEL": "WARNING",
+        }
         cli = [sys.executable, "-m", "services.cli"]
         with open(self.log_dir / "sim.log", "wb") as sim_log:
-            self.procs.append(subprocess.Popen([*cli, "serve", "sim-engine"], env=env, cwd=ROOT,
-                                               stdout=sim_log, stderr=subprocess.STDOUT))
+            self.procs.append(
+                subprocess.Popen(
+                    [*cli, "serve", "sim-engine"], env=env, cwd=ROOT, stdout=sim_log, stderr=subprocess.STDOUT
+                )
+            )
         with open(self.log_dir / "up.out", "wb") as up_log:
-            self.procs.append(subprocess.Popen(
-                [*cli, "up", "--port", str(port), "--engine", f"sim={self.engine}",
-                 "--namespace", f"bench{port}", "--parser-workers", str(args.parser_workers),
-                 "--log-dir", str(self.log_dir), "--log-level", "WARNING"],
-                cwd=ROOT, stdout=up_log, stderr=subprocess.STDOUT))
+            self.procs.append(
+                subprocess.Popen(
+                    [
+                        *cli,
+                        "up",
+                        "--port",
+                        str(port),
+                        "--engine",
+                        f"sim={self.engine}",
+                        "--namespace",
+                        f"bench{port}",
+                        "--parser-workers",
+                        str(args.parser_workers),
+                        "--log-dir",
+                        str(self.log_dir),
+                        "--log-level",
+                        "WARNING",
+                    ],
+                    cwd=ROOT,
+                    stdout=up_log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
         self._wait_healthy(90.0)
 
     def _wait_healthy(self, timeout: float) -> None:
@@ -128,15 +154,12 @@ class Stack:
         while True:
             for name, proc in (("sim-engine", self.sim), ("chorus up", self.up)):
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited during start-up (code {proc.returncode}); "
-                                       f"see {self.log_dir}")
-            with contextlib.suppress(Exception), \
-                    urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
+                    raise RuntimeError(f"{name} exited during start-up (code {proc.returncode}); see {self.log_dir}")
+            with contextlib.suppress(Exception), urllib.request.urlopen(f"{self.base}/health", timeout=2) as r:
                 if r.status == 200:
                     return
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the stack was not healthy after {timeout:.0f} s; "
-                                   f"see {self.log_dir}")
+                raise RuntimeError(f"the stack was not healthy after {timeout:.0f} s; see {self.log_dir}")
             time.sleep(0.2)
 
     def stop(self) -> None:
@@ -172,4 +195,3 @@ def show_logs(log_dir: Path, lines: int = 15) -> None:
             if tail:
                 print(f"--- {log.name} (last {len(tail)} lines)", file=sys.stderr)
                 print("\n".join(tail), file=sys.stderr)
-

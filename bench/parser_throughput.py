@@ -24,16 +24,49 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from openai_harmony import HarmonyEncoding, Role, StreamableParser  # noqa: E402
+from openai_harmony import HarmonyEncoding, Role, StreamableParser
 
-from services.common.harmony import harmony_encoding  # noqa: E402
-from services.parser.session import ParseSession  # noqa: E402
+from services.common.harmony import harmony_encoding
+from services.parser.session import ParseSession
 
-WORDS = ["the", "a", "weather", "city", "forecast", "considers", "temperature", "Paris", "wind", "rain", "sunny", "check", "data", "model", "parser", "token", "stream", "request", "gateway", "engine", "response", "because", "however", "therefore", "result", "value", "東京", "München", "café", "naïve", "👍", "🌧️"]
+WORDS = [
+    "the",
+    "a",
+    "weather",
+    "city",
+    "forecast",
+    "considers",
+    "temperature",
+    "Paris",
+    "wind",
+    "rain",
+    "sunny",
+    "check",
+    "data",
+    "model",
+    "parser",
+    "token",
+    "stream",
+    "request",
+    "gateway",
+    "engine",
+    "response",
+    "because",
+    "however",
+    "therefore",
+    "result",
+    "value",
+    "東京",
+    "München",
+    "café",
+    "naïve",
+    "👍",
+    "🌧️",
+]
 CODE = [
     "def f(xs: list[int]) -> int:\n    return sum(x for x in xs if x < 10)\n",
     "if (a < b && b > c) { return <T>(x); }\n",
-    "<div class=\"note\">Hello</div>\n",
+    '<div class="note">Hello</div>\n',
 ]
 
 
@@ -42,17 +75,23 @@ def prose(rng: random.Random, n_words: int) -> str:
     for i in range(n_words):
         out.append(rng.choice(WORDS))
         if i % 17 == 16:
-            out.append(rng.choice([".", ",", ";", "\n\n- ", "\n\n## Step", "\n```python\n" + rng.choice(CODE) + "```\n"]))
+            out.append(
+                rng.choice([".", ",", ";", "\n\n- ", "\n\n## Step", "\n```python\n" + rng.choice(CODE) + "```\n"])
+            )
     return " ".join(out)
 
 
 def outputs(enc: HarmonyEncoding) -> dict[str, tuple[list[int], list[str]]]:
     rng = random.Random(7)
-    answer = (f"<|channel|>analysis<|message|>{prose(rng, 7000)}<|end|>"
-              f"<|start|>assistant<|channel|>final<|message|>{prose(rng, 7000)}<|return|>")
+    answer = (
+        f"<|channel|>analysis<|message|>{prose(rng, 7000)}<|end|>"
+        f"<|start|>assistant<|channel|>final<|message|>{prose(rng, 7000)}<|return|>"
+    )
     args = json.dumps({"path": "src/app.py", "content": prose(rng, 5500)}, ensure_ascii=False)
-    call = (f"<|channel|>analysis<|message|>{prose(rng, 2500)}<|end|><|start|>assistant<|channel|>commentary "
-            f"to=functions.write_file <|constrain|>json<|message|>{args}<|call|>")
+    call = (
+        f"<|channel|>analysis<|message|>{prose(rng, 2500)}<|end|><|start|>assistant<|channel|>commentary "
+        f"to=functions.write_file <|constrain|>json<|message|>{args}<|call|>"
+    )
     return {
         "analysis + final": (enc.encode(answer, allowed_special="all"), []),
         "analysis + tool call": (enc.encode(call, allowed_special="all"), ["write_file", "read_file"]),
@@ -96,8 +135,10 @@ def main() -> None:
         print(f"  plain StreamableParser, token by token  {len(ids) / best['plain']:>11,.0f} tokens/s")
         for batch in (1, 4, 16):
             t = best[f"session/{batch}"]
-            print(f"  ParseSession, {batch:>2} tokens per batch     {len(ids) / t:>11,.0f} tokens/s  "
-                  f"({(t / best['plain'] - 1) * 100:+.1f}% time vs plain)")
+            print(
+                f"  ParseSession, {batch:>2} tokens per batch     {len(ids) / t:>11,.0f} tokens/s  "
+                f"({(t / best['plain'] - 1) * 100:+.1f}% time vs plain)"
+            )
 
 
 if __name__ == "__main__":

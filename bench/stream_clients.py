@@ -17,7 +17,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from services.common.harmony import harmony_encoding  # noqa: E402
+from services.common.harmony import harmony_encoding
 
 MODEL = "openai/gpt-oss-20b"
 MESSAGE_TOKEN = 200008  # <|message|>: the first id after it is the first content token
@@ -31,10 +31,12 @@ def prompt_ids(text: str) -> list[int]:
     """The Harmony token ids Chorus renders for this one-message chat (default system message)."""
     from openai_harmony import Conversation, Message, Role, SystemContent
 
-    conv = Conversation.from_messages([
-        Message.from_role_and_content(Role.SYSTEM, SystemContent.new()),
-        Message.from_role_and_content(Role.USER, text),
-    ])
+    conv = Conversation.from_messages(
+        [
+            Message.from_role_and_content(Role.SYSTEM, SystemContent.new()),
+            Message.from_role_and_content(Role.USER, text),
+        ]
+    )
     return list(harmony_encoding().render_conversation_for_completion(conv, Role.ASSISTANT))
 
 
@@ -91,9 +93,16 @@ async def sse_data(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
 
 async def direct_once(http: aiohttp.ClientSession, engine: str, ids: list[int]) -> Result:
     """Stream one completion from the engine with the rendered prompt ids."""
-    body = {"model": MODEL, "prompt": ids, "max_tokens": None, "stream": True,
-            "stream_options": {"include_usage": True}, "return_token_ids": True,
-            "skip_special_tokens": False, "stop_token_ids": STOP_TOKEN_IDS}
+    body = {
+        "model": MODEL,
+        "prompt": ids,
+        "max_tokens": None,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "stop_token_ids": STOP_TOKEN_IDS,
+    }
     t0 = time.perf_counter()
     ttft = 0.0
     seen_message = False
@@ -126,8 +135,12 @@ async def direct_once(http: aiohttp.ClientSession, engine: str, ids: list[int]) 
 
 async def chorus_once(http: aiohttp.ClientSession, base: str, text: str) -> Result:
     """Stream one chat completion through Chorus."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     ttft = 0.0
     usage = 0
@@ -144,8 +157,7 @@ async def chorus_once(http: aiohttp.ClientSession, base: str, text: str) -> Resu
             if not ttft:
                 for choice in chunk.get("choices") or ():
                     d = choice.get("delta") or {}
-                    if (d.get("reasoning") or d.get("reasoning_content") or d.get("content")
-                            or d.get("tool_calls")):
+                    if d.get("reasoning") or d.get("reasoning_content") or d.get("content") or d.get("tool_calls"):
                         ttft = time.perf_counter() - t0
                         break
     if not usage:
@@ -177,4 +189,3 @@ async def run_load(fn: Callable[[], Awaitable[Result]], n: int, concurrency: int
 
     await asyncio.gather(*(one() for _ in range(n)))
     return load
-

@@ -49,9 +49,12 @@ class Child:
         log: IO[bytes] | None = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
         try:
             self.proc = subprocess.Popen(
-                self.args, env=self.env, stdout=log or subprocess.DEVNULL,
+                self.args,
+                env=self.env,
+                stdout=log or subprocess.DEVNULL,
                 stderr=subprocess.STDOUT if log else subprocess.DEVNULL,
-                start_new_session=True, preexec_fn=die_with_parent,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
             )
         finally:
             if log is not None:
@@ -91,8 +94,10 @@ class Supervisor:
                 child.failures = 0 if ran > STABLE_AFTER_S else child.failures + 1
                 delay = 0.0 if child.failures <= 1 else min(MAX_DELAY_S, 0.5 * 2 ** (child.failures - 2))
                 child.restart_at = now + delay
-                self.say(f"{child.name} exited (code {code}) after {ran:.1f}s; "
-                         f"restarting {'now' if delay == 0 else f'in {delay:g}s'}")
+                self.say(
+                    f"{child.name} exited (code {code}) after {ran:.1f}s; "
+                    f"restarting {'now' if delay == 0 else f'in {delay:g}s'}"
+                )
             if now >= child.restart_at:
                 child.restarts += 1
                 child.start()

@@ -16,13 +16,7 @@ from nats.aio.msg import Msg
 from pydantic import BaseModel, TypeAdapter
 
 from contracts.messages.encode import EncodeRequest
-from contracts.messages.generate import (
-    GenerateJob,
-    GenerateRequest,
-    ParseSpec,
-    Route,
-    SamplingParams,
-)
+from contracts.messages.generate import GenerateJob, GenerateRequest, ParseSpec, Route, SamplingParams
 from contracts.messages.items import MessageItem
 from contracts.subjects import Subjects
 from services.common.bus import Bus
@@ -104,7 +98,7 @@ class ByGeneration(Generic[G]):
     def unread(self, generation_id: str) -> list[G]:
         """The generation's items filed but not read yet, now counted as read (what ``next``
         returns after this arrived later than every frame read so far)."""
-        items = self.of[generation_id][self._read[generation_id]:]
+        items = self.of[generation_id][self._read[generation_id] :]
         self._read[generation_id] = len(self.of[generation_id])
         return items
 
@@ -114,8 +108,9 @@ class ByGeneration(Generic[G]):
 
 
 @contextlib.asynccontextmanager
-async def running(run: Callable[..., Coroutine[Any, Any, None]], settings: Any,
-                  **kw: Any) -> AsyncIterator[asyncio.Event]:
+async def running(
+    run: Callable[..., Coroutine[Any, Any, None]], settings: Any, **kw: Any
+) -> AsyncIterator[asyncio.Event]:
     """Run a service's ``run(settings, stop, ready=...)`` until the block ends; yields ``stop``."""
     stop, ready = asyncio.Event(), asyncio.Event()
     task = asyncio.create_task(run(settings, stop, ready=ready, **kw))
@@ -142,8 +137,15 @@ async def client(nats_url: str, namespace: str) -> AsyncIterator[Bus]:
         await nc.close()
 
 
-def job(generation_id: str, text: str = "Hello there", *, gateway: str = "g1", parser: str = "p1",
-        deadline_in: float = 30.0, **kw: Any) -> GenerateJob:
+def job(
+    generation_id: str,
+    text: str = "Hello there",
+    *,
+    gateway: str = "g1",
+    parser: str = "p1",
+    deadline_in: float = 30.0,
+    **kw: Any,
+) -> GenerateJob:
     return GenerateJob(
         generation_id=generation_id,
         encode=EncodeRequest(model="openai/gpt-oss-20b", items=[MessageItem(role="user", content=text)]),
@@ -154,14 +156,25 @@ def job(generation_id: str, text: str = "Hello there", *, gateway: str = "g1", p
     )
 
 
-def generate_request(generation_id: str, prompt: list[int], *, gateway: str = "g1", parser: str = "p1",
-                     deadline_in: float = 30.0, resume_tokens: Sequence[int] = (),
-                     **sampling: Any) -> GenerateRequest:
+def generate_request(
+    generation_id: str,
+    prompt: list[int],
+    *,
+    gateway: str = "g1",
+    parser: str = "p1",
+    deadline_in: float = 30.0,
+    resume_tokens: Sequence[int] = (),
+    **sampling: Any,
+) -> GenerateRequest:
     return GenerateRequest(
-        generation_id=generation_id, model="openai/gpt-oss-20b", prompt_token_ids=prompt,
-        stop_token_ids=[200002, 200012], resume_tokens=list(resume_tokens),
+        generation_id=generation_id,
+        model="openai/gpt-oss-20b",
+        prompt_token_ids=prompt,
+        stop_token_ids=[200002, 200012],
+        resume_tokens=list(resume_tokens),
         sampling=SamplingParams(**sampling),
-        parse=ParseSpec(request_id=generation_id), route=Route(gateway=gateway, parser=parser),
+        parse=ParseSpec(request_id=generation_id),
+        route=Route(gateway=gateway, parser=parser),
         deadline=time.time() + deadline_in,
     )
 

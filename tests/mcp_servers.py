@@ -196,7 +196,9 @@ async def serve_mcp(
         url = f"http://127.0.0.1:{port}/mcp"
     running = RunningServer(url=url, port=port)
     config = uvicorn.Config(
-        _Recorder(app, running.requests), log_level="warning", lifespan="on",
+        _Recorder(app, running.requests),
+        log_level="warning",
+        lifespan="on",
         # uvicorn annotates whole seconds, but waits any number of them (asyncio.wait_for)
         timeout_graceful_shutdown=0.25,  # type: ignore[arg-type]
     )

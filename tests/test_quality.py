@@ -1,5 +1,7 @@
-"""The code stays as STYLE.md asks: ruff-clean, mypy-clean on contracts/ and services/, services
-that import only `contracts`, the shared helpers and themselves, and no giant modules."""
+"""The code stays as STYLE.md asks: formatted by ruff, ruff-clean (blind excepts and unused
+suppressions included), strict mypy over everything (contracts, services, tests, bench: the
+paths are in pyproject.toml), services that import only `contracts`, the shared helpers and
+themselves, and no giant modules."""
 
 from __future__ import annotations
 
@@ -13,17 +15,25 @@ ROOT = Path(__file__).resolve().parents[1]
 # they start the services: any may be imported
 WIRING = {"services/cli.py", "services/up.py", "services/supervisor.py"}
 MAX_LINES = 500
+CODE = ["contracts", "services", "tests", "bench"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, check=False)
 
 
 def test_ruff() -> None:
-    result = subprocess.run([sys.executable, "-m", "ruff", "check", "contracts", "services", "tests", "bench"],
-                            cwd=ROOT, capture_output=True, text=True, check=False)
+    result = run("ruff", "check", *CODE)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_mypy() -> None:
-    result = subprocess.run([sys.executable, "-m", "mypy", "contracts", "services"],
-                            cwd=ROOT, capture_output=True, text=True, check=False)
+def test_ruff_format() -> None:
+    result = run("ruff", "format", "--check", *CODE)
+    assert result.returncode == 0, "run `ruff format`:\n" + result.stdout + result.stderr
+
+
+def test_mypy_strict_everywhere() -> None:
+    result = run("mypy")  # strict, over the files pyproject.toml names
     assert result.returncode == 0, result.stdout + result.stderr
 
 

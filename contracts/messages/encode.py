@@ -59,4 +59,3 @@ class EncodeRequest(Contract):
     # YYYY-MM-DD; the encoder's clock when absent. The gateway pins it, so an attempt resumed
     # on another encoder renders the identical prompt.
     current_date: str | None = None
-

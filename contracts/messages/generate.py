@@ -163,9 +163,7 @@ class ParsedBatch(Contract):
     parser: str = ""  # the parser instance (its death is noticed through heartbeats)
 
 
-GatewayEvent = Annotated[
-    GenerationAccepted | GenerationFailed | ParsedBatch, Field(discriminator="kind")
-]
+GatewayEvent = Annotated[GenerationAccepted | GenerationFailed | ParsedBatch, Field(discriminator="kind")]
 
 
 class EventFrame(Contract):

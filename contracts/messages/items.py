@@ -128,7 +128,4 @@ ConversationItem = Annotated[
 ]
 
 # What the parser produces from one generation.
-OutputItem = Annotated[
-    MessageItem | ReasoningItem | FunctionCallItem,
-    Field(discriminator="type"),
-]
+OutputItem = Annotated[MessageItem | ReasoningItem | FunctionCallItem, Field(discriminator="type")]

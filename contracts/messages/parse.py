@@ -57,7 +57,4 @@ class Failed(Contract):
     usage: Usage = Field(default_factory=Usage)
 
 
-ParseEvent = Annotated[
-    ItemAdded | ItemDelta | ItemDone | Finished | Failed,
-    Field(discriminator="type"),
-]
+ParseEvent = Annotated[ItemAdded | ItemDelta | ItemDone | Finished | Failed, Field(discriminator="type")]

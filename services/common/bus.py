@@ -41,6 +41,7 @@ T = TypeVar("T")
 F = TypeVar("F", bound=BaseModel)
 CLAIM_TTL_S = 600.0  # an unclaimed oversized payload is dropped after this
 CLAIM_MARGIN = 4096  # headroom under max_payload for headers and protocol framing
+NO_RESPONDERS_GRACE_S = 1.0  # a request finding nobody listening tries again for this long
 
 
 class BusFailure(Exception):
@@ -119,14 +120,12 @@ class Bus:
         async def error(exc: Exception) -> None:
             log.debug("%s: NATS: %s", name, exc)
 
-        nc = await connect(url, name, disconnected_cb=disconnected, reconnected_cb=reconnected,
-                           error_cb=error)
+        nc = await connect(url, name, disconnected_cb=disconnected, reconnected_cb=reconnected, error_cb=error)
         clients.append(nc)
         return cls(nc, subjects)
 
     # sending ----------------------------------------------------------------------------
-    async def publish(self, subject: str, msg: BaseModel | bytes,
-                      headers: dict[str, str] | None = None) -> None:
+    async def publish(self, subject: str, msg: BaseModel | bytes, headers: dict[str, str] | None = None) -> None:
         data = msg if isinstance(msg, bytes) else dump(msg)
         if len(data) > self.nc.max_payload - CLAIM_MARGIN:
             key = await self._put_claim(data)
@@ -142,7 +141,8 @@ class Bus:
                 self._store = await js.object_store(bucket)
             except Exception:  # noqa: BLE001 - not created yet: create it
                 self._store = await js.create_object_store(
-                    bucket, config=ObjectStoreConfig(bucket=bucket, ttl=CLAIM_TTL_S))
+                    bucket, config=ObjectStoreConfig(bucket=bucket, ttl=CLAIM_TTL_S)
+                )
         return self._store
 
     async def _put_claim(self, data: bytes) -> str:
@@ -150,11 +150,13 @@ class Bus:
         try:
             await (await self._objects()).put(key, data)
         except Exception as exc:
-            raise BusFailure(BusError(
-                code=ErrorCode.SERVICE_UNAVAILABLE,
-                message=f"a {len(data)}-byte message is over NATS's limit of {self.nc.max_payload} "
-                        "bytes and JetStream (needed to carry it) is not available",
-            )) from exc
+            raise BusFailure(
+                BusError(
+                    code=ErrorCode.SERVICE_UNAVAILABLE,
+                    message=f"a {len(data)}-byte message is over NATS's limit of {self.nc.max_payload} "
+                    "bytes and JetStream (needed to carry it) is not available",
+                )
+            ) from exc
         return key
 
     async def payload(self, msg: Msg) -> bytes:
@@ -188,16 +190,15 @@ class Bus:
             except (ValidationError, ValueError) as exc:
                 log.warning("unreadable message on %s dropped: %s", msg.subject, str(exc)[:300])
                 return
-            except Exception:  # noqa: BLE001 - e.g. a claim that expired
+            except Exception:  # e.g. a claim that expired
                 log.warning("message on %s could not be read", msg.subject, exc_info=True)
                 return
             try:
                 await handler(value)
-            except Exception:  # noqa: BLE001 - one bad message never stops the subscription
+            except Exception:  # one bad message never stops the subscription
                 log.exception("handling a message on %s failed", msg.subject)
 
-        sub = await self.nc.subscribe(subject, queue=queue, cb=on_msg, pending_msgs_limit=-1,
-                                      pending_bytes_limit=-1)
+        sub = await self.nc.subscribe(subject, queue=queue, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
         self._subs.append((sub, takes_work))
         return sub
 
@@ -211,24 +212,34 @@ class Bus:
             await self.nc.flush(timeout=2)
 
     async def request(
-        self,
-        subject: str,
-        msg: BaseModel,
-        reply_type: TypeAdapter[T],
-        *,
-        timeout: float,
-        service: str,
+        self, subject: str, msg: BaseModel, reply_type: TypeAdapter[T], *, timeout: float, service: str
     ) -> T:
         """Request/reply with typed payloads. A ``BusError`` reply raises ``BusFailure``; so
-        do a timeout (TIMEOUT) and nobody listening (SERVICE_UNAVAILABLE)."""
+        do a timeout (TIMEOUT) and nobody listening for ``NO_RESPONDERS_GRACE_S`` (a replica
+        restarting is given that long) (SERVICE_UNAVAILABLE)."""
+        loop = asyncio.get_running_loop()
+        data, headers = dump(msg), trace_headers()
+        deadline = loop.time() + timeout
+        give_up = loop.time() + min(timeout, NO_RESPONDERS_GRACE_S)
+        pause = 0.02
         try:
-            reply = await self.nc.request(subject, dump(msg), timeout=timeout, headers=trace_headers())
-        except nats.errors.NoRespondersError as exc:
-            raise BusFailure(BusError(code=ErrorCode.SERVICE_UNAVAILABLE,
-                                      message=f"no {service} service is running")) from exc
+            while True:
+                try:
+                    reply = await self.nc.request(
+                        subject, data, timeout=max(0.001, deadline - loop.time()), headers=headers
+                    )
+                    break
+                except nats.errors.NoRespondersError as exc:
+                    if loop.time() + pause > give_up:
+                        raise BusFailure(
+                            BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message=f"no {service} service is running")
+                        ) from exc
+                    await asyncio.sleep(pause)
+                    pause *= 2
         except nats.errors.TimeoutError as exc:
-            raise BusFailure(BusError(code=ErrorCode.TIMEOUT,
-                                      message=f"the {service} service did not answer in {timeout:g}s")) from exc
+            raise BusFailure(
+                BusError(code=ErrorCode.TIMEOUT, message=f"the {service} service did not answer in {timeout:g}s")
+            ) from exc
         value = reply_type.validate_json(reply.data)
         if isinstance(value, BusError):
             raise BusFailure(value)
@@ -262,8 +273,7 @@ class Outbox(Generic[T, F]):
     generations in flight: each one's tokens then travel several to a message, and every hop
     after this one writes, parses and sends once per several tokens instead of per token)."""
 
-    def __init__(self, bus: Bus, subject: str, frame: Callable[[list[T]], F], *,
-                 window: Window = 0.0) -> None:
+    def __init__(self, bus: Bus, subject: str, frame: Callable[[list[T]], F], *, window: Window = 0.0) -> None:
         self.bus = bus
         self.subject = subject
         self._frame = frame
@@ -314,7 +324,7 @@ class Outbox(Generic[T, F]):
         self.frames += 1
         try:
             await self.bus.publish(self.subject, self._frame(items))
-        except Exception:  # noqa: BLE001 - the bus is down: the receiver's recovery takes over
+        except Exception:  # the bus is down: the receiver's recovery takes over
             log.warning("sending %d item(s) to %s failed", len(items), self.subject, exc_info=True)
 
     async def close(self) -> None:

@@ -38,26 +38,44 @@ class Section:
 
 
 SECTIONS = (
-    Section("Every bus service", "services.common.settings",
-            "Read by the gateway, encoder, dispatcher, parser and tools services (not the "
-            "simulated engine)."),
-    Section("gateway", "services.gateway.settings",
-            "The HTTP API (`chorus serve gateway`), plus the settings every bus service reads."),
-    Section("encoder", "services.encoder.settings",
-            "Items -> Harmony -> prompt token ids (`chorus serve encoder`), plus the settings "
-            "every bus service reads."),
-    Section("dispatcher", "services.dispatcher.settings",
-            "Engine workers and every engine call (`chorus serve dispatcher`), plus the settings "
-            "every bus service reads."),
-    Section("parser", "services.parser.settings",
-            "Parse sessions (`chorus serve parser`, scalable), plus the settings every bus "
-            "service reads."),
-    Section("tools", "services.tools.settings",
-            "The MCP client (`chorus serve tools`): which servers it may reach and how hard it "
-            "tries, plus the settings every bus service reads."),
-    Section("sim-engine", "services.simengine.settings",
-            "The SIMULATED engine (`chorus serve sim-engine`; `chorus up` without `--engine`). "
-            "Not a bus service: it reads only these.", own_only=False),
+    Section(
+        "Every bus service",
+        "services.common.settings",
+        "Read by the gateway, encoder, dispatcher, parser and tools services (not the simulated engine).",
+    ),
+    Section(
+        "gateway",
+        "services.gateway.settings",
+        "The HTTP API (`chorus serve gateway`), plus the settings every bus service reads.",
+    ),
+    Section(
+        "encoder",
+        "services.encoder.settings",
+        "Items -> Harmony -> prompt token ids (`chorus serve encoder`), plus the settings every bus service reads.",
+    ),
+    Section(
+        "dispatcher",
+        "services.dispatcher.settings",
+        "Engine workers and every engine call (`chorus serve dispatcher`), plus the settings every bus service reads.",
+    ),
+    Section(
+        "parser",
+        "services.parser.settings",
+        "Parse sessions (`chorus serve parser`, scalable), plus the settings every bus service reads.",
+    ),
+    Section(
+        "tools",
+        "services.tools.settings",
+        "The MCP client (`chorus serve tools`): which servers it may reach and how hard it "
+        "tries, plus the settings every bus service reads.",
+    ),
+    Section(
+        "sim-engine",
+        "services.simengine.settings",
+        "The SIMULATED engine (`chorus serve sim-engine`; `chorus up` without `--engine`). "
+        "Not a bus service: it reads only these.",
+        own_only=False,
+    ),
 )
 
 
@@ -143,8 +161,9 @@ def table(section: Section) -> str:
         variable = f"`{names[0]}`" + "".join(f" (or `{n}`)" for n in names[1:])
         if not field.description:
             raise ValueError(f"{section.module}: {name} needs Field(description=...)")
-        rows.append(f"| {variable} | {_cell(type_name(field))} | {_cell(default_text(field))} "
-                     f"| {_cell(field.description)} |")
+        rows.append(
+            f"| {variable} | {_cell(type_name(field))} | {_cell(default_text(field))} | {_cell(field.description)} |"
+        )
     return "\n".join(rows)
 
 
@@ -164,15 +183,15 @@ def render() -> str:
     parts: list[str] = []
     for section in SECTIONS:
         source = section.module.replace(".", "/") + ".py"
-        parts.append(f"### {section.title}\n\n{section.intro} Source: `{source}`.\n\n"
-                     f"{table(section)}\n")
+        parts.append(f"### {section.title}\n\n{section.intro} Source: `{source}`.\n\n{table(section)}\n")
     shared = shared_names()
     if shared:
         lines = [f"- `{name}`: {', '.join(titles)}" for name, titles in sorted(shared.items())]
-        parts.append("### Read by more than one service\n\nOne environment (`chorus up`) gives "
-                     "each of these the same value in every service that reads it; set them per "
-                     "service (per container) where the meanings differ.\n\n"
-                     + "\n".join(lines) + "\n")
+        parts.append(
+            "### Read by more than one service\n\nOne environment (`chorus up`) gives "
+            "each of these the same value in every service that reads it; set them per "
+            "service (per container) where the meanings differ.\n\n" + "\n".join(lines) + "\n"
+        )
     return "\n".join(parts)
 
 
@@ -192,10 +211,12 @@ def generated_part(document: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m services.common.config_reference",
-                                     description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--write", metavar="PATH", help="replace the generated part of PATH "
-                        "(docs/configuration.md) instead of printing")
+    parser = argparse.ArgumentParser(
+        prog="python -m services.common.config_reference", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument(
+        "--write", metavar="PATH", help="replace the generated part of PATH (docs/configuration.md) instead of printing"
+    )
     args = parser.parse_args(argv)
     generated = render()
     if args.write:

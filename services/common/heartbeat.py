@@ -140,15 +140,16 @@ class Peers:
                 limit = max(patience, 3 * peer.beat.interval_s)
                 if now - peer.seen > limit:
                     del peers[instance]
-                    log.warning("%s %s missed its heartbeats for %.1fs: counted dead",
-                                service, instance, now - peer.seen)
+                    log.warning(
+                        "%s %s missed its heartbeats for %.1fs: counted dead", service, instance, now - peer.seen
+                    )
                     await self._died(service, instance)
 
     async def _died(self, service: str, instance: str) -> None:
         for callback in self._on_death:
             try:
                 await callback(service, instance)
-            except Exception:  # noqa: BLE001 - one callback failing must not stop the others
+            except Exception:  # one callback failing must not stop the others
                 log.exception("death callback for %s %s failed", service, instance)
 
     async def listen(self, bus: Bus, services: list[str]) -> None:
@@ -193,9 +194,16 @@ class Beater:
 
     def beat(self, *, stopping: bool = False) -> Heartbeat:
         ok, detail = self.ready()
-        return Heartbeat(service=self.service, instance=self.instance, interval_s=self.interval,
-                         ready=ok, detail=detail, load=self.load(), draining=self.draining,
-                         stopping=stopping)
+        return Heartbeat(
+            service=self.service,
+            instance=self.instance,
+            interval_s=self.interval,
+            ready=ok,
+            detail=detail,
+            load=self.load(),
+            draining=self.draining,
+            stopping=stopping,
+        )
 
     async def send(self, *, stopping: bool = False) -> None:
         beat = self.beat(stopping=stopping)

@@ -79,10 +79,7 @@ def url_host_port(url: str, default_port: int) -> tuple[str, int]:
 
 
 def nats_server_binary() -> str:
-    candidates = [
-        Path(sysconfig.get_path("scripts")) / "nats-server",
-        Path(sys.prefix) / "bin" / "nats-server",
-    ]
+    candidates = [Path(sysconfig.get_path("scripts")) / "nats-server", Path(sys.prefix) / "bin" / "nats-server"]
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
@@ -119,9 +116,13 @@ class ManagedProcess:
     def start(self, log_path: Path | None = None) -> ManagedProcess:
         log = open(log_path, "ab") if log_path else None  # noqa: SIM115 - closed below
         try:
-            self.proc = subprocess.Popen(self.args, stdout=log or subprocess.DEVNULL,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=die_with_parent)
+            self.proc = subprocess.Popen(
+                self.args,
+                stdout=log or subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+            )
         finally:
             if log is not None:
                 log.close()  # the child has its own copy
@@ -167,8 +168,9 @@ def _data_dir(data_dir: Path | None, kind: str, proc: ManagedProcess) -> str:
     return temporary.name
 
 
-def start_nats(port: int | None = None, log_path: Path | None = None, *,
-               data_dir: Path | None = None) -> tuple[ManagedProcess, str]:
+def start_nats(
+    port: int | None = None, log_path: Path | None = None, *, data_dir: Path | None = None
+) -> tuple[ManagedProcess, str]:
     """nats-server with JetStream, listening on loopback only."""
     port = port or free_port()
     proc = ManagedProcess("nats-server", [])
@@ -179,8 +181,9 @@ def start_nats(port: int | None = None, log_path: Path | None = None, *,
     return proc, f"nats://127.0.0.1:{port}"
 
 
-def start_redis(port: int | None = None, log_path: Path | None = None, *,
-                data_dir: Path | None = None) -> tuple[ManagedProcess, str]:
+def start_redis(
+    port: int | None = None, log_path: Path | None = None, *, data_dir: Path | None = None
+) -> tuple[ManagedProcess, str]:
     """redis-server on loopback only, persisting to an append-only file (a restart loses
     nothing), its memory bounded: with ``noeviction`` a full Redis refuses writes (a clear 503
     storage_unavailable) rather than silently dropping stored responses, which expire by TTL."""
@@ -188,9 +191,23 @@ def start_redis(port: int | None = None, log_path: Path | None = None, *,
     proc = ManagedProcess("redis-server", [])
     workdir = _data_dir(data_dir, "redis", proc)
     proc.args = [
-        redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--dir", workdir,
-        "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-        "--maxmemory", REDIS_MAXMEMORY, "--maxmemory-policy", "noeviction",
+        redis_server_binary(),
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--dir",
+        workdir,
+        "--appendonly",
+        "yes",
+        "--appendfsync",
+        "everysec",
+        "--save",
+        "",
+        "--maxmemory",
+        REDIS_MAXMEMORY,
+        "--maxmemory-policy",
+        "noeviction",
     ]
     proc.start(log_path)
     wait_for_port("127.0.0.1", port, proc)
@@ -201,8 +218,9 @@ def _local(host: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
-def ensure_nats(url: str, log_path: Path | None = None, *, data_dir: Path | None = None,
-                at_url: bool = True) -> tuple[ManagedProcess | None, str]:
+def ensure_nats(
+    url: str, log_path: Path | None = None, *, data_dir: Path | None = None, at_url: bool = True
+) -> tuple[ManagedProcess | None, str]:
     """Use the NATS at ``url`` if it answers, else start one: on that port when ``url`` is local
     and ``at_url`` (the address was asked for), on a free port otherwise (a default address
     never ends up held by one stack's server that another stack would then find and share)."""
@@ -212,8 +230,9 @@ def ensure_nats(url: str, log_path: Path | None = None, *, data_dir: Path | None
     return start_nats(port if at_url and _local(host) else None, log_path, data_dir=data_dir)
 
 
-def ensure_redis(url: str, log_path: Path | None = None, *, data_dir: Path | None = None,
-                 at_url: bool = True) -> tuple[ManagedProcess | None, str]:
+def ensure_redis(
+    url: str, log_path: Path | None = None, *, data_dir: Path | None = None, at_url: bool = True
+) -> tuple[ManagedProcess | None, str]:
     """As ``ensure_nats``, for Redis."""
     host, port = url_host_port(url, 6379)
     if port_open(host, port):

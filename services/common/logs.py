@@ -20,9 +20,7 @@ from typing import Any
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # the attributes every LogRecord has; anything else on a record came from ``extra=``
-_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
-    "message", "asctime", "taskName",
-}
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
 
 
 class JsonFormatter(logging.Formatter):
@@ -49,8 +47,9 @@ def log_format(value: str | None = None) -> str:
     """The log format asked for (``value``, else ``CHORUS_LOG_FORMAT``, else text)."""
     chosen = (value or os.environ.get("CHORUS_LOG_FORMAT") or "text").strip().lower()
     if chosen not in FORMATS:
-        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {chosen!r} "
-                         "(CHORUS_LOG_FORMAT / --log-format)")
+        raise ValueError(
+            f"log format must be one of {', '.join(FORMATS)}, got {chosen!r} (CHORUS_LOG_FORMAT / --log-format)"
+        )
     return chosen
 
 

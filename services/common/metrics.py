@@ -13,45 +13,115 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 # instance when the gateway merges them): which service costs what, per replica
 ProcessCollector(registry=REGISTRY)
 
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-                10.0, 20.0, 40.0, 80.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 ITL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
-E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-               60.0, 120.0, 240.0, 480.0)
+E2E_BUCKETS = (
+    0.01,
+    0.05,
+    0.1,
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+)
 HOP_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 # -- gateway: per API request ---------------------------------------------------------------
-REQUESTS = Counter("chorus_requests_total", "API requests by API, model and outcome",
-                   ["api", "model", "outcome"], registry=REGISTRY)
-REQUEST_DURATION = Histogram("chorus_request_duration_seconds", "Request duration, arrival to last byte",
-                             ["api", "model"], buckets=E2E_BUCKETS, registry=REGISTRY)
-TIME_TO_FIRST_TOKEN = Histogram("chorus_time_to_first_token_seconds",
-                                "Arrival to the first output text (reasoning, content or call)",
-                                ["api", "model"], buckets=TTFT_BUCKETS, registry=REGISTRY)
-INTER_TOKEN_LATENCY = Histogram("chorus_inter_token_latency_seconds",
-                                "Mean time between output tokens of a request, after the first",
-                                ["api", "model"], buckets=ITL_BUCKETS, registry=REGISTRY)
+REQUESTS = Counter(
+    "chorus_requests_total", "API requests by API, model and outcome", ["api", "model", "outcome"], registry=REGISTRY
+)
+REQUEST_DURATION = Histogram(
+    "chorus_request_duration_seconds",
+    "Request duration, arrival to last byte",
+    ["api", "model"],
+    buckets=E2E_BUCKETS,
+    registry=REGISTRY,
+)
+TIME_TO_FIRST_TOKEN = Histogram(
+    "chorus_time_to_first_token_seconds",
+    "Arrival to the first output text (reasoning, content or call)",
+    ["api", "model"],
+    buckets=TTFT_BUCKETS,
+    registry=REGISTRY,
+)
+INTER_TOKEN_LATENCY = Histogram(
+    "chorus_inter_token_latency_seconds",
+    "Mean time between output tokens of a request, after the first",
+    ["api", "model"],
+    buckets=ITL_BUCKETS,
+    registry=REGISTRY,
+)
 PROMPT_TOKENS = Counter("chorus_prompt_tokens_total", "Prompt tokens", ["api", "model"], registry=REGISTRY)
-OUTPUT_TOKENS = Counter("chorus_output_tokens_total", "Output tokens (reasoning included)", ["api", "model"],
-                        registry=REGISTRY)
-REASONING_TOKENS = Counter("chorus_reasoning_tokens_total", "Output tokens on the analysis channel",
-                           ["api", "model"], registry=REGISTRY)
+OUTPUT_TOKENS = Counter(
+    "chorus_output_tokens_total", "Output tokens (reasoning included)", ["api", "model"], registry=REGISTRY
+)
+REASONING_TOKENS = Counter(
+    "chorus_reasoning_tokens_total", "Output tokens on the analysis channel", ["api", "model"], registry=REGISTRY
+)
 IN_FLIGHT = Gauge("chorus_requests_in_flight", "API requests being answered", ["api"], registry=REGISTRY)
-RESUMES = Counter("chorus_generation_resumes_total",
-                  "Generations continued elsewhere after a process on their path died", ["reason"],
-                  registry=REGISTRY)
-TOOL_CALLS = Counter("chorus_tool_calls_total", "MCP and built-in tool calls by server and outcome",
-                     ["server", "outcome"], registry=REGISTRY)
-BUS_HOP = Histogram("chorus_bus_hop_seconds",
-                    "Time between the gateway sending a generation and each stage answering",
-                    ["hop"], buckets=HOP_BUCKETS, registry=REGISTRY)
+RESUMES = Counter(
+    "chorus_generation_resumes_total",
+    "Generations continued elsewhere after a process on their path died",
+    ["reason"],
+    registry=REGISTRY,
+)
+TOOL_CALLS = Counter(
+    "chorus_tool_calls_total",
+    "MCP and built-in tool calls by server and outcome",
+    ["server", "outcome"],
+    registry=REGISTRY,
+)
+BUS_HOP = Histogram(
+    "chorus_bus_hop_seconds",
+    "Time between the gateway sending a generation and each stage answering",
+    ["hop"],
+    buckets=HOP_BUCKETS,
+    registry=REGISTRY,
+)
 
 # -- dispatcher ------------------------------------------------------------------------------
-WORKER_UP = Gauge("chorus_engine_worker_up", "Engine worker health (1 up, 0 down)", ["worker", "engine"],
-                  registry=REGISTRY)
-WORKER_IN_FLIGHT = Gauge("chorus_engine_worker_in_flight", "Generations streaming from an engine worker",
-                         ["worker"], registry=REGISTRY)
+WORKER_UP = Gauge(
+    "chorus_engine_worker_up", "Engine worker health (1 up, 0 down)", ["worker", "engine"], registry=REGISTRY
+)
+WORKER_IN_FLIGHT = Gauge(
+    "chorus_engine_worker_in_flight", "Generations streaming from an engine worker", ["worker"], registry=REGISTRY
+)
 
 # -- parser -----------------------------------------------------------------------------------
-RECOVERIES = Counter("chorus_parser_recoveries_total", "Malformed model output repaired, by kind", ["kind"],
-                     registry=REGISTRY)
+RECOVERIES = Counter(
+    "chorus_parser_recoveries_total", "Malformed model output repaired, by kind", ["kind"], registry=REGISTRY
+)

@@ -41,10 +41,18 @@ async def connect(url: str, timeout: float, name: str = "chorus-probe") -> NatsC
             raise Unreachable(f"cannot reach NATS at {redact(url)} within {timeout:g}s: {reason}")
         errors.clear()
         try:
-            return await asyncio.wait_for(nats.connect(
-                url, name=name, allow_reconnect=False, max_reconnect_attempts=0,
-                connect_timeout=max(0.1, min(2.0, left)), error_cb=on_error, **credentials(),
-            ), max(0.1, left))
+            return await asyncio.wait_for(
+                nats.connect(
+                    url,
+                    name=name,
+                    allow_reconnect=False,
+                    max_reconnect_attempts=0,
+                    connect_timeout=max(0.1, min(2.0, left)),
+                    error_cb=on_error,
+                    **credentials(),
+                ),
+                max(0.1, left),
+            )
         except Exception as exc:  # noqa: BLE001 - retried until the deadline, then reported
             reason = _reason(errors[-1] if errors else exc)
         await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
@@ -81,8 +89,7 @@ async def first_beat(nc: NatsClient, subject: str, timeout: float) -> Heartbeat 
             await sub.unsubscribe()
 
 
-async def namespace_in_use(url: str, namespace: str, listen_s: float,
-                           connect_timeout: float = 5.0) -> Heartbeat | None:
+async def namespace_in_use(url: str, namespace: str, listen_s: float, connect_timeout: float = 5.0) -> Heartbeat | None:
     """A heartbeat of a service already running in ``namespace`` on the NATS at ``url``, if
     one beats within ``listen_s`` seconds (every instance beats a few times a second)."""
     nc = await connect(url, connect_timeout, "chorus-up")

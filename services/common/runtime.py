@@ -35,8 +35,7 @@ log = logging.getLogger("chorus")
 
 
 class Runtime:
-    def __init__(self, settings: BusSettings, service: str, bus: Bus, stop: asyncio.Event,
-                 peers: Peers) -> None:
+    def __init__(self, settings: BusSettings, service: str, bus: Bus, stop: asyncio.Event, peers: Peers) -> None:
         self.settings = settings
         self.service = service
         self.bus = bus
@@ -44,9 +43,15 @@ class Runtime:
         self.peers = peers
         self.load: Callable[[], int] = lambda: 0
         self.ready: Callable[[], tuple[bool, str]] = lambda: (True, "")
-        self.beater = Beater(bus, service, settings.instance_id, interval=settings.heartbeat_interval_s,
-                             load=lambda: self.load(), ready=lambda: self.ready(),
-                             liveness_file=settings.liveness_file)
+        self.beater = Beater(
+            bus,
+            service,
+            settings.instance_id,
+            interval=settings.heartbeat_interval_s,
+            load=lambda: self.load(),
+            ready=lambda: self.ready(),
+            liveness_file=settings.liveness_file,
+        )
         self.draining = False
         # called after the NATS connection came back (messages may have been lost meanwhile)
         self.reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
@@ -77,9 +82,13 @@ class Runtime:
                 await callback()
 
         if nc is None:
-            bus = await Bus.connect(settings.nats_url, f"chorus-{service}-{settings.instance_id}",
-                                    settings.subjects, on_disconnect=disconnected,
-                                    on_reconnect=reconnected)
+            bus = await Bus.connect(
+                settings.nats_url,
+                f"chorus-{service}-{settings.instance_id}",
+                settings.subjects,
+                on_disconnect=disconnected,
+                on_reconnect=reconnected,
+            )
         else:
             bus = Bus(nc, settings.subjects)
         rt = cls(settings, service, bus, stop or asyncio.Event(), peers)
@@ -97,8 +106,9 @@ class Runtime:
         """This instance's metrics for the gateway's /metrics (every instance answers)."""
         if not msg.reply:
             return
-        snapshot = MetricsSnapshot(service=self.service, instance=self.settings.instance_id,
-                                   exposition=generate_latest(REGISTRY).decode())
+        snapshot = MetricsSnapshot(
+            service=self.service, instance=self.settings.instance_id, exposition=generate_latest(REGISTRY).decode()
+        )
         with contextlib.suppress(Exception):
             await self.bus.publish(msg.reply, snapshot)
 
@@ -107,8 +117,7 @@ class Runtime:
         """Heartbeats out and peers' deaths noticed while inside; a last "stopping" beat at
         the end (for a process whose own server, e.g. uvicorn, owns the signals)."""
         beating = asyncio.get_running_loop().create_task(self.beater.run())
-        sweeping = asyncio.get_running_loop().create_task(
-            self.peers.run(self.settings.heartbeat_interval_s))
+        sweeping = asyncio.get_running_loop().create_task(self.peers.run(self.settings.heartbeat_interval_s))
         try:
             yield
         finally:
@@ -120,10 +129,7 @@ class Runtime:
             self.beater.clear_liveness()
 
     async def serve(
-        self,
-        *,
-        ready: asyncio.Event | None = None,
-        drain: Callable[[], Awaitable[object]] | None = None,
+        self, *, ready: asyncio.Event | None = None, drain: Callable[[], Awaitable[object]] | None = None
     ) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -143,14 +149,14 @@ class Runtime:
         await self.bus.stop_taking_work()
         if drain is None:
             return
-        log.info("%s %s: draining (at most %gs)", self.service, self.settings.instance_id,
-                 self.settings.drain_timeout_s)
+        log.info(
+            "%s %s: draining (at most %gs)", self.service, self.settings.instance_id, self.settings.drain_timeout_s
+        )
         try:
             async with asyncio.timeout(self.settings.drain_timeout_s):
                 await drain()
         except TimeoutError:
-            log.warning("%s %s: drain timed out; stopping with work in hand", self.service,
-                        self.settings.instance_id)
+            log.warning("%s %s: drain timed out; stopping with work in hand", self.service, self.settings.instance_id)
 
 
 def make_broker(settings: BusSettings, name: str) -> NatsBroker:

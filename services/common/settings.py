@@ -18,8 +18,7 @@ class BusSettings(BaseSettings):
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",
         validation_alias=AliasChoices("CHORUS_NATS_URL", "NATS_URL", "nats_url"),
-        description="The NATS server every service connects to (credentials: CHORUS_NATS_USER / "
-        "CHORUS_NATS_PASSWORD).",
+        description="The NATS server every service connects to (credentials: CHORUS_NATS_USER / CHORUS_NATS_PASSWORD).",
     )
     namespace: str = Field(
         default="chorus",
@@ -34,19 +33,13 @@ class BusSettings(BaseSettings):
     log_level: str = Field(default="INFO", description="Python log level (DEBUG, INFO, WARNING, ERROR).")
     otlp_endpoint: str | None = Field(
         default=None,
-        validation_alias=AliasChoices(
-            "CHORUS_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint"
-        ),
-        description="OTLP/HTTP endpoint traces are exported to (e.g. http://jaeger:4318); unset: "
-        "no tracing.",
+        validation_alias=AliasChoices("CHORUS_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT", "otlp_endpoint"),
+        description="OTLP/HTTP endpoint traces are exported to (e.g. http://jaeger:4318); unset: no tracing.",
     )
 
-    heartbeat_interval_s: float = Field(
-        default=0.25, description="How often this instance says it is alive (seconds)."
-    )
+    heartbeat_interval_s: float = Field(default=0.25, description="How often this instance says it is alive (seconds).")
     dead_after_s: float = Field(
-        default=1.2,
-        description="A peer unheard for this long (seconds) is counted dead and its work resumed.",
+        default=1.2, description="A peer unheard for this long (seconds) is counted dead and its work resumed."
     )
     gateway_dead_after_s: float = Field(
         default=10.0,

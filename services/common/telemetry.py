@@ -53,8 +53,7 @@ FIRST_TOKEN = "first_token"  # the event marking a generation's first output tok
 
 
 def setup_tracing(
-    service: str, otlp_endpoint: str | None, exporter: SpanExporter | None = None,
-    instance_id: str | None = None,
+    service: str, otlp_endpoint: str | None, exporter: SpanExporter | None = None, instance_id: str | None = None
 ) -> TracerProvider | None:
     """Install this process's tracer provider (once: a second call returns the first). With
     neither an OTLP endpoint nor an exporter (tests pass an InMemorySpanExporter), tracing
@@ -65,8 +64,10 @@ def setup_tracing(
     traces_endpoint = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     if exporter is None and not (otlp_endpoint or traces_endpoint):
         return None
-    if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true" or \
-            os.environ.get("OTEL_TRACES_EXPORTER", "").lower() == "none":
+    if (
+        os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true"
+        or os.environ.get("OTEL_TRACES_EXPORTER", "").lower() == "none"
+    ):
         return None
     attributes: dict[str, str] = {"chorus.service": service}
     if not os.environ.get("OTEL_SERVICE_NAME"):
@@ -110,13 +111,15 @@ def carrier_of(span: Span) -> dict[str, str]:
     return carrier
 
 
-def child_span(name: str, parent: Span | Mapping[str, Any] | None, kind: SpanKind = SpanKind.INTERNAL, /,
-               **attributes: Any) -> Span:
+def child_span(
+    name: str, parent: Span | Mapping[str, Any] | None, kind: SpanKind = SpanKind.INTERNAL, /, **attributes: Any
+) -> Span:
     """A span under ``parent`` (a span, or the carrier a message or headers brought; none:
     a new trace), not made current."""
     context = extract(parent) if parent is None or isinstance(parent, Mapping) else set_span_in_context(parent)
-    return tracer().start_span(name, context=context, kind=kind,
-                               attributes={k: v for k, v in attributes.items() if v is not None} or None)
+    return tracer().start_span(
+        name, context=context, kind=kind, attributes={k: v for k, v in attributes.items() if v is not None} or None
+    )
 
 
 @contextlib.contextmanager

@@ -31,19 +31,25 @@ async def run(
     policy: SelectionPolicy | None = None,
 ) -> None:
     """Serve until ``stop`` (or a signal); ``ready`` is set once the handlers are subscribed."""
-    async with Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway",)) as rt, \
-            Dispatcher(settings, policy=policy) as dispatcher:
+    async with (
+        Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway",)) as rt,
+        Dispatcher(settings, policy=policy) as dispatcher,
+    ):
         dispatcher.bind(rt.bus)
         rt.peers.on_death(dispatcher.on_death)
         subjects = settings.subjects
         await rt.bus.subscribe(subjects.cancel, CANCEL, dispatcher.on_cancel)
-        await rt.bus.subscribe(subjects.generate, GENERATE, dispatcher.on_generate,
-                               queue=DISPATCHER_QUEUE, takes_work=True)
+        await rt.bus.subscribe(
+            subjects.generate, GENERATE, dispatcher.on_generate, queue=DISPATCHER_QUEUE, takes_work=True
+        )
         rt.load = lambda: dispatcher.load
         rt.ready = dispatcher.readiness
         # report real engine health from the first beat: wait (bounded) for the first poll
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(dispatcher.health_checked.wait(), settings.health_timeout_s + 1)
-        log.info("dispatcher %s: engines %s", settings.instance_id,
-                 ", ".join(f"{w.kind}={w.url}" for w in dispatcher.workers) or "none")
+        log.info(
+            "dispatcher %s: engines %s",
+            settings.instance_id,
+            ", ".join(f"{w.kind}={w.url}" for w in dispatcher.workers) or "none",
+        )
         await rt.serve(ready=ready, drain=dispatcher.drain)

@@ -13,12 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from contracts.errors import BusError, ErrorCode
-from contracts.messages.generate import (
-    EngineFinishReason,
-    EngineUsage,
-    GenerateRequest,
-    TokenBatch,
-)
+from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest, TokenBatch
 from services.dispatcher.engines.base import EngineChunk
 from services.dispatcher.engines.stream import EngineStream
 
@@ -50,16 +45,24 @@ class BatchWriter:
             return
         self.opened = True
         req = self.request
-        self._put(TokenBatch(generation_id=req.generation_id, offset=0, token_ids=list(req.resume_tokens),
-                             open=req.parse, gateway=req.route.gateway, trace=req.trace), True)
+        self._put(
+            TokenBatch(
+                generation_id=req.generation_id,
+                offset=0,
+                token_ids=list(req.resume_tokens),
+                open=req.parse,
+                gateway=req.route.gateway,
+                trace=req.trace,
+            ),
+            True,
+        )
         self.offset = len(req.resume_tokens)
 
     def tokens(self, token_ids: list[int]) -> None:
         if self.done or not token_ids:
             return
         offset = self.offset
-        self._put(TokenBatch(generation_id=self._id, offset=offset, token_ids=token_ids),
-                  offset < self._urgent_below)
+        self._put(TokenBatch(generation_id=self._id, offset=offset, token_ids=token_ids), offset < self._urgent_below)
         self.offset = offset + len(token_ids)
 
     def final(
@@ -75,20 +78,22 @@ class BatchWriter:
             return
         self.done = True
         ids = token_ids or []
-        self._put(TokenBatch(
-            generation_id=self.request.generation_id,
-            offset=self.offset,
-            token_ids=ids,
-            done=True,
-            finish_reason=finish_reason,
-            stop_token_id=stop_token_id,
-            usage=self._usage(usage, self.offset + len(ids)),
-            error=error,
-        ), True)
+        self._put(
+            TokenBatch(
+                generation_id=self.request.generation_id,
+                offset=self.offset,
+                token_ids=ids,
+                done=True,
+                finish_reason=finish_reason,
+                stop_token_id=stop_token_id,
+                usage=self._usage(usage, self.offset + len(ids)),
+                error=error,
+            ),
+            True,
+        )
         self.offset += len(ids)
 
-    def fail(self, error: BusError, token_ids: list[int] | None = None,
-             usage: EngineUsage | None = None) -> None:
+    def fail(self, error: BusError, token_ids: list[int] | None = None, usage: EngineUsage | None = None) -> None:
         self.final("error", token_ids=token_ids, usage=usage, error=error)
 
     def _usage(self, engine: EngineUsage | None, output_tokens: int) -> EngineUsage:
@@ -115,10 +120,18 @@ def merge(batches: list[TokenBatch]) -> list[TokenBatch]:
             out[batch.generation_id] = batch
             continue
         out[batch.generation_id] = TokenBatch(
-            generation_id=held.generation_id, offset=held.offset,
-            token_ids=[*held.token_ids, *batch.token_ids], open=held.open, gateway=held.gateway,
-            trace=held.trace, done=batch.done, finish_reason=batch.finish_reason,
-            stop_token_id=batch.stop_token_id, usage=batch.usage, error=batch.error)
+            generation_id=held.generation_id,
+            offset=held.offset,
+            token_ids=[*held.token_ids, *batch.token_ids],
+            open=held.open,
+            gateway=held.gateway,
+            trace=held.trace,
+            done=batch.done,
+            finish_reason=batch.finish_reason,
+            stop_token_id=batch.stop_token_id,
+            usage=batch.usage,
+            error=batch.error,
+        )
     return list(out.values())
 
 
@@ -153,8 +166,9 @@ class Relay:
             elif held is None:
                 held = chunk
             elif chunk.token_ids:  # tokens after the finish (unexpected): keep them
-                held = EngineChunk([*held.token_ids, *chunk.token_ids], held.finish_reason,
-                                   held.stop_token_id, held.usage)
+                held = EngineChunk(
+                    [*held.token_ids, *chunk.token_ids], held.finish_reason, held.stop_token_id, held.usage
+                )
         self.held = held
         writer.tokens(ids)
         if held is not None and self.usage is not None:
@@ -169,12 +183,14 @@ class Relay:
         held = self.held
         if held is None:
             self.failed = True
-            self.writer.fail(BusError(code=ErrorCode.ENGINE_ERROR,
-                                      message="the engine stream ended without a finish reason"),
-                             usage=self.usage)
+            self.writer.fail(
+                BusError(code=ErrorCode.ENGINE_ERROR, message="the engine stream ended without a finish reason"),
+                usage=self.usage,
+            )
             return
-        self.writer.final(held.finish_reason or "stop", token_ids=held.token_ids,
-                          stop_token_id=held.stop_token_id, usage=self.usage)
+        self.writer.final(
+            held.finish_reason or "stop", token_ids=held.token_ids, stop_token_id=held.stop_token_id, usage=self.usage
+        )
 
 
 async def relay(stream: EngineStream, writer: BatchWriter, window: Callable[[], float] | None = None) -> None:

@@ -37,14 +37,7 @@ from services.dispatcher.engines.http import EngineHttp
 from services.dispatcher.engines.stream import EngineStream, open_stream
 from services.dispatcher.settings import Settings
 from services.dispatcher.tracing import EngineSpan
-from services.dispatcher.workers import (
-    RoundRobin,
-    SelectionPolicy,
-    Worker,
-    parse_workers,
-    poll_health,
-    readiness,
-)
+from services.dispatcher.workers import RoundRobin, SelectionPolicy, Worker, parse_workers, poll_health, readiness
 
 log = logging.getLogger("chorus.dispatcher")
 
@@ -63,18 +56,18 @@ class Active:
 
 class Dispatcher:
     def __init__(
-        self,
-        settings: Settings,
-        *,
-        policy: SelectionPolicy | None = None,
-        workers: list[Worker] | None = None,
+        self, settings: Settings, *, policy: SelectionPolicy | None = None, workers: list[Worker] | None = None
     ) -> None:
         self.settings = settings
         self.policy: SelectionPolicy = policy or RoundRobin()
-        self.workers = workers if workers is not None else parse_workers(
-            settings.engines,
-            sglang_mode=settings.sglang_stream_mode,
-            sglang_default_max_tokens=settings.sglang_default_max_tokens,
+        self.workers = (
+            workers
+            if workers is not None
+            else parse_workers(
+                settings.engines,
+                sglang_mode=settings.sglang_stream_mode,
+                sglang_default_max_tokens=settings.sglang_default_max_tokens,
+            )
         )
         self.active: dict[str, Active] = {}
         self.health_checked = asyncio.Event()
@@ -96,10 +89,17 @@ class Dispatcher:
         self._stack.push_async_callback(self.http.close)
         self._tg = await self._stack.enter_async_context(asyncio.TaskGroup())
         self._stack.push_async_callback(self.shutdown)  # runs before the TaskGroup waits
-        self._tg.create_task(poll_health(
-            self.http, self.workers, interval=s.health_interval_s, timeout=s.health_timeout_s,
-            stop=self._stop, first_done=self.health_checked, retry_interval=s.health_retry_s,
-        ))
+        self._tg.create_task(
+            poll_health(
+                self.http,
+                self.workers,
+                interval=s.health_interval_s,
+                timeout=s.health_timeout_s,
+                stop=self._stop,
+                first_done=self.health_checked,
+                retry_interval=s.health_retry_s,
+            )
+        )
         return self
 
     async def __aexit__(
@@ -118,8 +118,10 @@ class Dispatcher:
         stream, longer with each one in flight, up to the maximum (the stack's CPU per token
         falls as each message carries several of a generation's tokens)."""
         s = self.settings
-        return min(s.coalesce_window_ms * max(1, len(self.active)),
-                   max(s.coalesce_max_window_ms, s.coalesce_window_ms)) / 1000
+        return (
+            min(s.coalesce_window_ms * max(1, len(self.active)), max(s.coalesce_max_window_ms, s.coalesce_window_ms))
+            / 1000
+        )
 
     def readiness(self) -> tuple[bool, str]:
         return readiness(self.workers)
@@ -149,10 +151,16 @@ class Dispatcher:
     async def on_generate(self, req: GenerateRequest) -> None:
         """Start streaming ``req`` and return at once."""
         if self._tg is None or self._stop.is_set():
-            self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher",
-                                             error=BusError(code=ErrorCode.SERVICE_UNAVAILABLE,
-                                                            message="the dispatcher is stopping",
-                                                            retryable=True)))
+            self._tell(
+                req,
+                GenerationFailed(
+                    generation_id=req.generation_id,
+                    stage="dispatcher",
+                    error=BusError(
+                        code=ErrorCode.SERVICE_UNAVAILABLE, message="the dispatcher is stopping", retryable=True
+                    ),
+                ),
+            )
             return
         if req.generation_id in self._cancelled or time.time() > req.deadline:
             log.info("generation %s: given up before it started; dropped", req.generation_id)
@@ -222,15 +230,21 @@ class Dispatcher:
             opened = await self._open_any(req)
             if isinstance(opened, BusError):
                 span.failed(opened)
-                self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher",
-                                                 error=opened))
+                self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher", error=opened))
                 return
             worker, stream = opened
             span.accepted(worker.url, worker.kind)
-            self._tell(req, GenerationAccepted(
-                generation_id=req.generation_id, dispatcher=self.settings.instance_id,
-                worker=worker.url, engine=worker.kind,
-                prompt_tokens=len(req.prompt_token_ids), render_ms=req.render_ms))
+            self._tell(
+                req,
+                GenerationAccepted(
+                    generation_id=req.generation_id,
+                    dispatcher=self.settings.instance_id,
+                    worker=worker.url,
+                    engine=worker.kind,
+                    prompt_tokens=len(req.prompt_token_ids),
+                    render_ms=req.render_ms,
+                ),
+            )
             writer.open()
             await relay(stream, writer, self.window)
         except asyncio.CancelledError:
@@ -238,15 +252,14 @@ class Dispatcher:
             if task is not None:
                 task.uncancel()
             await self._ended(active, worker, stream, writer)
-        except Exception:  # noqa: BLE001 - a bug here ends this generation, not the service
+        except Exception:  # a bug here ends this generation, not the service
             log.exception("generation %s failed in the dispatcher", req.generation_id)
             error = BusError(code=ErrorCode.INTERNAL, message="the dispatcher failed", retryable=True)
             if writer.opened:
                 writer.fail(error)
             else:
                 span.failed(error)
-                self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher",
-                                                 error=error))
+                self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher", error=error))
         finally:
             span.end()
             if worker is not None:
@@ -255,23 +268,22 @@ class Dispatcher:
                 stream.close()
             self._forget(active)
 
-    async def _ended(self, active: Active, worker: Worker | None, stream: EngineStream | None,
-                     writer: BatchWriter) -> None:
+    async def _ended(
+        self, active: Active, worker: Worker | None, stream: EngineStream | None, writer: BatchWriter
+    ) -> None:
         """Cancelled, orphaned or shutting down: abort in the engine, then the last batch."""
         req = active.request
         if worker is not None and self.http is not None:
             if stream is not None:
                 stream.close()  # vLLM: this is the abort
             try:
-                await worker.adapter.abort(self.http, worker.url, req.generation_id,
-                                           self.settings.abort_timeout_s)
-            except Exception:  # noqa: BLE001 - the final batch matters more
+                await worker.adapter.abort(self.http, worker.url, req.generation_id, self.settings.abort_timeout_s)
+            except Exception:  # the final batch matters more
                 log.warning("aborting %s at %s failed", req.generation_id, worker.url, exc_info=True)
         if not writer.opened:
             return  # the parser has no session for it: nothing to end
         if active.ending == "shutdown":
-            writer.fail(BusError(code=ErrorCode.SERVICE_UNAVAILABLE,
-                                 message="the dispatcher stopped", retryable=True))
+            writer.fail(BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message="the dispatcher stopped", retryable=True))
         else:
             writer.final("abort")
 
@@ -283,8 +295,11 @@ class Dispatcher:
         if req.resume_tokens:
             ranked = [w for w in ranked if w.adapter.resumable]
         if not ranked:
-            reason = ("no engine worker can continue an interrupted output" if req.resume_tokens
-                      else "no engine workers are configured (CHORUS_ENGINES)")
+            reason = (
+                "no engine worker can continue an interrupted output"
+                if req.resume_tokens
+                else "no engine workers are configured (CHORUS_ENGINES)"
+            )
             return BusError(code=ErrorCode.ENGINE_UNAVAILABLE, message=reason)
         deadline = time.monotonic() + self.settings.accept_timeout_s
         failures: list[str] = []
@@ -294,9 +309,14 @@ class Dispatcher:
                 break
             worker.in_flight += 1
             try:
-                stream = await open_stream(self.http, worker.url, worker.adapter, req,
-                                           accept_timeout=remaining,
-                                           read_timeout=self.settings.read_timeout_s)
+                stream = await open_stream(
+                    self.http,
+                    worker.url,
+                    worker.adapter,
+                    req,
+                    accept_timeout=remaining,
+                    read_timeout=self.settings.read_timeout_s,
+                )
             except EngineFailure as exc:
                 worker.in_flight -= 1
                 if not exc.retryable:
@@ -311,6 +331,8 @@ class Dispatcher:
             return worker, stream
         if failures:
             log.warning("generation %s: no engine worker took it: %s", req.generation_id, "; ".join(failures))
-        return BusError(code=ErrorCode.ENGINE_UNAVAILABLE, retryable=False,
-                        message="no engine worker could take the request: "
-                                + "; ".join(failures or ["timed out"]))
+        return BusError(
+            code=ErrorCode.ENGINE_UNAVAILABLE,
+            retryable=False,
+            message="no engine worker could take the request: " + "; ".join(failures or ["timed out"]),
+        )

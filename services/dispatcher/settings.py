@@ -26,9 +26,7 @@ class Settings(BusSettings):
     accept_timeout_s: float = Field(
         default=8.0, description="Until the engine answers a generation with a status (seconds)."
     )
-    read_timeout_s: float = Field(
-        default=120.0, description="Between two chunks of an engine stream (seconds)."
-    )
+    read_timeout_s: float = Field(default=120.0, description="Between two chunks of an engine stream (seconds).")
     abort_timeout_s: float = Field(default=2.0, description="SGLang's POST /abort_request (seconds).")
     health_interval_s: float = Field(
         default=3.0,

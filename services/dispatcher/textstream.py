@@ -326,8 +326,9 @@ def prompt_messages(prompt_ids: list[int], encoding: HarmonyEncoding) -> list[di
         elif t in (END, RETURN, CALL):
             head = encoding.decode(header).split("<|channel|>")[0].strip()
             role = head.split(" ")[0] if head else "assistant"
-            role = {"system": "system", "developer": "system", "user": "user"}.get(role, "assistant"
-                    if role == "assistant" else "user")
+            role = {"system": "system", "developer": "system", "user": "user"}.get(
+                role, "assistant" if role == "assistant" else "user"
+            )
             text = encoding.decode(body)
             if role == "assistant" and "analysis" in encoding.decode(header):
                 continue

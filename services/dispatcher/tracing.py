@@ -23,19 +23,27 @@ class EngineSpan:
         sampling = req.sampling
         self._started = time.monotonic()
         self._first = False
-        self.span = telemetry.child_span(f"text_completion {req.model}", req.trace, SpanKind.CLIENT, **{
-            telemetry.GEN_AI_OPERATION: "text_completion", telemetry.GEN_AI_REQUEST_MODEL: req.model,
-            telemetry.GEN_AI_REQUEST_MAX_TOKENS: sampling.max_tokens,
-            telemetry.GEN_AI_REQUEST_TEMPERATURE: sampling.temperature,
-            telemetry.GEN_AI_REQUEST_TOP_P: sampling.top_p,
-            "chorus.generation_id": req.generation_id, "chorus.resumed_tokens": len(req.resume_tokens) or None,
-        })
+        self.span = telemetry.child_span(
+            f"text_completion {req.model}",
+            req.trace,
+            SpanKind.CLIENT,
+            **{
+                telemetry.GEN_AI_OPERATION: "text_completion",
+                telemetry.GEN_AI_REQUEST_MODEL: req.model,
+                telemetry.GEN_AI_REQUEST_MAX_TOKENS: sampling.max_tokens,
+                telemetry.GEN_AI_REQUEST_TEMPERATURE: sampling.temperature,
+                telemetry.GEN_AI_REQUEST_TOP_P: sampling.top_p,
+                "chorus.generation_id": req.generation_id,
+                "chorus.resumed_tokens": len(req.resume_tokens) or None,
+            },
+        )
 
     def accepted(self, url: str, kind: str) -> None:
         """The engine worker at ``url`` took the request."""
         where = urlsplit(url)
-        self.span.set_attributes({telemetry.GEN_AI_PROVIDER_NAME: kind, "chorus.engine.worker": url,
-                                  "server.address": where.hostname or url})
+        self.span.set_attributes(
+            {telemetry.GEN_AI_PROVIDER_NAME: kind, "chorus.engine.worker": url, "server.address": where.hostname or url}
+        )
         if where.port is not None:
             self.span.set_attribute("server.port", where.port)
 
@@ -44,8 +52,7 @@ class EngineSpan:
         if not self._first and batch.token_ids and batch.open is None:
             self._first = True
             self.span.add_event(telemetry.FIRST_TOKEN)
-            self.span.set_attribute(telemetry.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK,
-                                    time.monotonic() - self._started)
+            self.span.set_attribute(telemetry.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, time.monotonic() - self._started)
         if not batch.done:
             return
         if batch.finish_reason is not None:

@@ -160,8 +160,11 @@ def readiness(workers: Sequence[Worker]) -> tuple[bool, str]:
     up = [w for w in workers if w.healthy]
     detail = f"{len(up)}/{len(workers)} engine workers up"
     # a worker that fails in its first seconds "does not answer yet"; after, it "is down"
-    notes = [f"{w.url} is down: {w.last_error}" if w.reported else f"{w.url} does not answer yet: {w.last_error}"
-             for w in workers if w.healthy is False]
+    notes = [
+        f"{w.url} is down: {w.last_error}" if w.reported else f"{w.url} does not answer yet: {w.last_error}"
+        for w in workers
+        if w.healthy is False
+    ]
     if notes:
         detail += "; " + "; ".join(notes)
     return bool(up), detail

@@ -19,9 +19,7 @@ JOB: TypeAdapter[GenerateJob] = TypeAdapter(GenerateJob)
 CANCEL: TypeAdapter[Cancel] = TypeAdapter(Cancel)
 
 
-async def run(
-    settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None
-) -> None:
+async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None) -> None:
     harmony_encoding()  # load the vocabulary before taking any work
     async with Runtime.start(settings, "encoder", stop=stop) as rt:
         encoder = Encoder(settings, rt.bus)
@@ -29,8 +27,7 @@ async def run(
         try:
             subjects = settings.subjects
             await rt.bus.subscribe(subjects.cancel, CANCEL, encoder.on_cancel)
-            await rt.bus.subscribe(subjects.jobs, JOB, encoder.on_job, queue=ENCODER_QUEUE,
-                                   takes_work=True)
+            await rt.bus.subscribe(subjects.jobs, JOB, encoder.on_job, queue=ENCODER_QUEUE, takes_work=True)
             rt.load = lambda: encoder.in_flight
             await rt.serve(ready=ready, drain=encoder.drain)
         finally:

@@ -74,9 +74,16 @@ def _invalid(message: str, param: str) -> RenderError:
 def too_long(limit: int) -> RenderError:
     """A prompt found longer than the context before all of it was encoded (the wording
     follows the encoder's check of a whole prompt)."""
-    return RenderError(BusError(code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="messages", message=(
-        f"This model's maximum context length is {limit} tokens. However, your prompt has more "
-        f"than {limit} tokens. Please reduce the length of the input.")))
+    return RenderError(
+        BusError(
+            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            param="messages",
+            message=(
+                f"This model's maximum context length is {limit} tokens. However, your prompt has more "
+                f"than {limit} tokens. Please reduce the length of the input."
+            ),
+        )
+    )
 
 
 class PastLimit(Exception):
@@ -117,12 +124,14 @@ def system_message(req: EncodeRequest, today: dt.date, knowledge_cutoff: str) ->
 def developer_message(req: EncodeRequest) -> Message | None:
     instructions = [req.instructions] if req.instructions else []
     instructions += [
-        item.content for item in req.items
+        item.content
+        for item in req.items
         if isinstance(item, MessageItem) and item.role in ("system", "developer") and item.content
     ]
     instructions += [  # compacted history: what the model knows of the conversation before it
         f"Summary of the conversation so far:\n\n{item.summary}"
-        for item in req.items if isinstance(item, CompactionItem) and item.summary
+        for item in req.items
+        if isinstance(item, CompactionItem) and item.summary
     ]
     tools = list(req.tools)
     namespaces = list(req.namespaces)
@@ -134,8 +143,9 @@ def developer_message(req: EncodeRequest) -> Message | None:
     elif isinstance(choice, NamedToolChoice):
         tools = [t for t in tools if t.name == choice.name]
         if not tools:
-            raise _invalid(f"tool_choice names the function '{choice.name}', which is not among the "
-                           "offered tools.", "tool_choice")
+            raise _invalid(
+                f"tool_choice names the function '{choice.name}', which is not among the offered tools.", "tool_choice"
+            )
         namespaces = []
         instructions.append(f"You must call the tool `functions.{choice.name}` before giving a final answer.")
     if not (instructions or tools or namespaces or req.response_format):
@@ -146,8 +156,9 @@ def developer_message(req: EncodeRequest) -> Message | None:
     if tools:
         content = content.with_function_tools(_tool_descriptions(tools))
     for ns in namespaces:
-        content = content.with_tools(ToolNamespaceConfig(
-            name=ns.name, description=ns.description, tools=_tool_descriptions(ns.tools)))
+        content = content.with_tools(
+            ToolNamespaceConfig(name=ns.name, description=ns.description, tools=_tool_descriptions(ns.tools))
+        )
     return Message.from_role_and_content(Role.DEVELOPER, content)
 
 
@@ -162,8 +173,9 @@ def response_formats_section(fmt: ResponseFormat) -> str:
     return "\n".join(lines)
 
 
-def with_response_formats(tokens: list[int], encoding: HarmonyEncoding, fmt: ResponseFormat,
-                          limit: int | None = None) -> list[int]:
+def with_response_formats(
+    tokens: list[int], encoding: HarmonyEncoding, fmt: ResponseFormat, limit: int | None = None
+) -> list[int]:
     """The rendered system and developer messages with the response formats section at the end
     of the developer message (the last message). openai-harmony 0.0.8 cannot render it
     (DeveloperContent has instructions and tools only), so the section joins the developer
@@ -173,8 +185,9 @@ def with_response_formats(tokens: list[int], encoding: HarmonyEncoding, fmt: Res
     return _rewrite_last(tokens, encoding, lambda text: f"{text}\n\n{section}" if text else section, limit)
 
 
-def _rewrite_last(tokens: list[int], encoding: HarmonyEncoding, rewrite: Callable[[str], str],
-                  limit: int | None = None) -> list[int]:
+def _rewrite_last(
+    tokens: list[int], encoding: HarmonyEncoding, rewrite: Callable[[str], str], limit: int | None = None
+) -> list[int]:
     """The last message's text rewritten and encoded again (in linear time)."""
     start = len(tokens) - 1 - tokens[::-1].index(MESSAGE)
     text = rewrite(encoding.decode_utf8(tokens[start + 1 : -1]))
@@ -215,25 +228,40 @@ class _Defused:
         return value
 
     def tool(self, tool: FunctionTool) -> FunctionTool:
-        return tool.model_copy(update={"description": tool.description and self.text(tool.description),
-                                       "parameters": self.value(tool.parameters)})
+        return tool.model_copy(
+            update={
+                "description": tool.description and self.text(tool.description),
+                "parameters": self.value(tool.parameters),
+            }
+        )
 
     def request(self, req: EncodeRequest) -> EncodeRequest:
         items = [
             item.model_copy(update={"content": self.text(item.content)})
             if isinstance(item, MessageItem) and item.role in ("system", "developer")
-            else item.model_copy(update={"summary": self.text(item.summary)}) if isinstance(item, CompactionItem)
+            else item.model_copy(update={"summary": self.text(item.summary)})
+            if isinstance(item, CompactionItem)
             else item
             for item in req.items
         ]
-        return req.model_copy(update={
-            "instructions": req.instructions and self.text(req.instructions),
-            "items": items,
-            "tools": [self.tool(t) for t in req.tools] if req.tool_choice != "none" else req.tools,
-            "namespaces": [ns.model_copy(update={"description": ns.description and self.text(ns.description),
-                                                 "tools": [self.tool(t) for t in ns.tools]})
-                           for ns in req.namespaces] if req.tool_choice != "none" else req.namespaces,
-        })
+        return req.model_copy(
+            update={
+                "instructions": req.instructions and self.text(req.instructions),
+                "items": items,
+                "tools": [self.tool(t) for t in req.tools] if req.tool_choice != "none" else req.tools,
+                "namespaces": [
+                    ns.model_copy(
+                        update={
+                            "description": ns.description and self.text(ns.description),
+                            "tools": [self.tool(t) for t in ns.tools],
+                        }
+                    )
+                    for ns in req.namespaces
+                ]
+                if req.tool_choice != "none"
+                else req.namespaces,
+            }
+        )
 
     def restore(self, text: str) -> str:
         for key, line in self.lines.items():
@@ -315,13 +343,16 @@ def body_messages(req: EncodeRequest) -> list[tuple[Message, str]]:
             if item.role == "user":
                 messages.append((Message.from_role_and_content(Role.USER, ""), item.content))
             elif item.role == "assistant":
-                messages.append((Message.from_role_and_content(Role.ASSISTANT, "")
-                                 .with_channel(item.channel or "final"), item.content))
+                messages.append(
+                    (
+                        Message.from_role_and_content(Role.ASSISTANT, "").with_channel(item.channel or "final"),
+                        item.content,
+                    )
+                )
             # system / developer items went into the developer message
         elif isinstance(item, ReasoningItem):
             if item.text:
-                messages.append((Message.from_role_and_content(Role.ASSISTANT, "").with_channel("analysis"),
-                                 item.text))
+                messages.append((Message.from_role_and_content(Role.ASSISTANT, "").with_channel("analysis"), item.text))
         elif isinstance(item, FunctionCallItem):
             recipient = _recipient(item.namespace, item.name)
             recipients[item.call_id] = recipient
@@ -329,8 +360,7 @@ def body_messages(req: EncodeRequest) -> list[tuple[Message, str]]:
         elif isinstance(item, FunctionCallOutputItem):
             author = recipients.get(item.call_id)
             if author is None:
-                raise _invalid(f"No tool call found for function call output with call_id "
-                               f"'{item.call_id}'.", "input")
+                raise _invalid(f"No tool call found for function call output with call_id '{item.call_id}'.", "input")
             messages.append((_tool_output(author, ""), item.output))
         elif isinstance(item, McpCallItem):
             recipient = _recipient(item.server_label, item.name)
@@ -366,8 +396,13 @@ class Renderer:
     continuation encodes only its new messages). The result equals
     ``render_conversation_for_completion`` of the same conversation (a test checks)."""
 
-    def __init__(self, encoding: HarmonyEncoding, knowledge_cutoff: str = "2024-06", cache_size: int = 256,
-                 text_budget: int = 16_000_000) -> None:
+    def __init__(
+        self,
+        encoding: HarmonyEncoding,
+        knowledge_cutoff: str = "2024-06",
+        cache_size: int = 256,
+        text_budget: int = 16_000_000,
+    ) -> None:
         self.enc = encoding
         self.cutoff = knowledge_cutoff
         self.cache_size = cache_size
@@ -404,9 +439,17 @@ class Renderer:
         # every field but the conversation (instructions, tools, tool choice, effort, response
         # format, date), and the system/developer items and compaction summaries that join the
         # instructions
-        key = req.model_dump_json(exclude={"items", "model"}) + "|" + today.isoformat() + "|" + "\x00".join(
-            i.content if isinstance(i, MessageItem) else i.summary for i in req.items
-            if isinstance(i, MessageItem) and i.role in ("system", "developer") or isinstance(i, CompactionItem))
+        key = (
+            req.model_dump_json(exclude={"items", "model"})
+            + "|"
+            + today.isoformat()
+            + "|"
+            + "\x00".join(
+                i.content if isinstance(i, MessageItem) else i.summary
+                for i in req.items
+                if isinstance(i, MessageItem) and i.role in ("system", "developer") or isinstance(i, CompactionItem)
+            )
+        )
         cached = self._prefixes.get(key)
         if cached is not None:
             self._prefixes.move_to_end(key)

@@ -61,14 +61,24 @@ def context_error(prompt_tokens: int, max_tokens: int | None, context_length: in
     """A prompt the model cannot take: the caller's mistake, found before any engine is called
     (the wording follows vLLM's)."""
     if prompt_tokens >= context_length:
-        return BusError(code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="messages", message=(
-            f"This model's maximum context length is {context_length} tokens. However, your "
-            f"prompt has {prompt_tokens} tokens. Please reduce the length of the input."))
+        return BusError(
+            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            param="messages",
+            message=(
+                f"This model's maximum context length is {context_length} tokens. However, your "
+                f"prompt has {prompt_tokens} tokens. Please reduce the length of the input."
+            ),
+        )
     if max_tokens is not None and prompt_tokens + max_tokens > context_length:
-        return BusError(code=ErrorCode.CONTEXT_LENGTH_EXCEEDED, param="max_tokens", message=(
-            f"This model's maximum context length is {context_length} tokens. However, you "
-            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
-            f"{max_tokens} for the output). Please reduce the length of the input or of the output."))
+        return BusError(
+            code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+            param="max_tokens",
+            message=(
+                f"This model's maximum context length is {context_length} tokens. However, you "
+                f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, "
+                f"{max_tokens} for the output). Please reduce the length of the input or of the output."
+            ),
+        )
     return None
 
 
@@ -86,8 +96,9 @@ class Encoder:
     def start_pool(self) -> None:
         if self.settings.render_processes > 0:
             # render processes die with the encoder, even when it is killed outright
-            self._pool = concurrent.futures.ProcessPoolExecutor(self.settings.render_processes,
-                                                                initializer=worker_dies_with_parent)
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                self.settings.render_processes, initializer=worker_dies_with_parent
+            )
             for _ in range(self.settings.render_processes):
                 self._pool.submit(_warm, self.settings.knowledge_cutoff)
 
@@ -128,8 +139,12 @@ class Encoder:
         if self._given_up(job):
             log.info("generation %s: given up before rendering; dropped", job.generation_id)
             return
-        span = telemetry.child_span("render", job.trace, SpanKind.CONSUMER, **{
-            telemetry.GEN_AI_REQUEST_MODEL: job.encode.model, "chorus.generation_id": job.generation_id})
+        span = telemetry.child_span(
+            "render",
+            job.trace,
+            SpanKind.CONSUMER,
+            **{telemetry.GEN_AI_REQUEST_MODEL: job.encode.model, "chorus.generation_id": job.generation_id},
+        )
         try:
             await self._encode(job, span)
         finally:
@@ -142,13 +157,23 @@ class Encoder:
             await self._fail(job, exc.error, span)
             return
         except TimeoutError:
-            await self._fail(job, BusError(code=ErrorCode.TIMEOUT,
-                                           message="rendering the prompt took longer than the request allows"), span)
+            await self._fail(
+                job,
+                BusError(code=ErrorCode.TIMEOUT, message="rendering the prompt took longer than the request allows"),
+                span,
+            )
             return
-        except Exception as exc:  # noqa: BLE001 - never leave the gateway without an answer
+        except Exception as exc:  # never leave the gateway without an answer
             log.exception("generation %s: rendering failed", job.generation_id)
-            await self._fail(job, BusError(code=ErrorCode.INTERNAL, message="rendering the prompt failed",
-                                           retryable=isinstance(exc, concurrent.futures.BrokenExecutor)), span)
+            await self._fail(
+                job,
+                BusError(
+                    code=ErrorCode.INTERNAL,
+                    message="rendering the prompt failed",
+                    retryable=isinstance(exc, concurrent.futures.BrokenExecutor),
+                ),
+                span,
+            )
             return
         span.set_attribute("chorus.prompt_tokens", len(prompt.token_ids))
         span.set_attribute("chorus.render_ms", prompt.render_ms)
@@ -187,8 +212,9 @@ class Encoder:
         pool = self._pool
         try:
             async with asyncio.timeout(remaining):
-                return await loop.run_in_executor(pool, _render, job.encode, today, cutoff,
-                                                  self.settings.context_length)
+                return await loop.run_in_executor(
+                    pool, _render, job.encode, today, cutoff, self.settings.context_length
+                )
         except concurrent.futures.BrokenExecutor:
             if self._pool is pool:  # a render process died: later renders get a new pool
                 log.warning("the render pool broke; starting a new one")
@@ -199,5 +225,4 @@ class Encoder:
     async def _fail(self, job: GenerateJob, error: BusError, span: Span) -> None:
         telemetry.failed(span, error.code.value, error.message)
         failed = GenerationFailed(generation_id=job.generation_id, stage="encoder", error=error)
-        await self.bus.publish(self.bus.subjects.gateway_events(job.route.gateway),
-                               EventFrame(events=[failed]))
+        await self.bus.publish(self.bus.subjects.gateway_events(job.route.gateway), EventFrame(events=[failed]))

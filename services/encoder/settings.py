@@ -10,13 +10,9 @@ class Settings(BusSettings):
         default="2024-06", description="The knowledge cutoff the Harmony system message states."
     )
     inline_render_chars: int = Field(
-        default=20_000,
-        description="Prompts of at least this many characters render in the process pool, not "
-        "inline.",
+        default=20_000, description="Prompts of at least this many characters render in the process pool, not inline."
     )
-    render_processes: int = Field(
-        default=1, description="Processes rendering long prompts; 0: always inline."
-    )
+    render_processes: int = Field(default=1, description="Processes rendering long prompts; 0: always inline.")
     context_length: int = Field(
         default=131072,
         description="The model's context length (131072 for gpt-oss-20b and -120b): a prompt, plus "

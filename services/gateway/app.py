@@ -70,13 +70,20 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")) or None
-        return _error(request, BusError(code=ErrorCode.INVALID_REQUEST,
-                                        message=f"Invalid value for '{param}': {first.get('msg', 'invalid')}",
-                                        param=param))
+        return _error(
+            request,
+            BusError(
+                code=ErrorCode.INVALID_REQUEST,
+                message=f"Invalid value for '{param}': {first.get('msg', 'invalid')}",
+                param=param,
+            ),
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.INVALID_REQUEST}.get(exc.status_code, ErrorCode.INVALID_REQUEST)
+        code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.INVALID_REQUEST}.get(
+            exc.status_code, ErrorCode.INVALID_REQUEST
+        )
         error = BusError(code=code, message=str(exc.detail))
         notes = getattr(request.state, "notes", None)
         if isinstance(notes, dict):
@@ -89,7 +96,9 @@ def build_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with Runtime.start(settings, "gateway", watch=WATCHED) as rt, rt.beating():
             generations = Generations(
-                rt.bus, rt.peers, settings.instance_id,
+                rt.bus,
+                rt.peers,
+                settings.instance_id,
                 accept_timeout=settings.bus_timeout_s,
                 first_timeout=settings.first_token_timeout_s,
                 idle_timeout=settings.idle_timeout_s,
@@ -97,10 +106,10 @@ def build_app(settings: Settings) -> FastAPI:
             rt.reconnect_callbacks.append(generations.on_reconnect)
             await generations.start()
             await rt.peers.wait_for(WATCHED, timeout=4 * settings.heartbeat_interval_s)
-            store = RedisResponseStore.from_url(settings.redis_url, namespace=settings.namespace,
-                                                ttl_s=settings.response_ttl_s)
-            ctx = GatewayContext(settings=settings, bus=rt.bus, peers=rt.peers, generations=generations,
-                                 store=store)
+            store = RedisResponseStore.from_url(
+                settings.redis_url, namespace=settings.namespace, ttl_s=settings.response_ttl_s
+            )
+            ctx = GatewayContext(settings=settings, bus=rt.bus, peers=rt.peers, generations=generations, store=store)
             ctx.sealer = await Sealer.from_settings(settings.sealing_keys, store.shared_secret)
             app.state.ctx = ctx
             await responses.startup(ctx)
@@ -128,7 +137,8 @@ def build_app(settings: Settings) -> FastAPI:
             ready = [p for p in peers if p.beat.ready and not p.beat.draining]
             ok = ok and bool(ready)
             detail = "; ".join(p.beat.detail for p in peers if p.beat.detail) or (
-                f"{len(ready)}/{len(peers)} instances ready" if peers else "no instance is running")
+                f"{len(ready)}/{len(peers)} instances ready" if peers else "no instance is running"
+            )
             status[service] = {"ready": bool(ready), "instances": len(peers), "detail": detail}
         try:
             await ctx.store.ping()
@@ -137,8 +147,10 @@ def build_app(settings: Settings) -> FastAPI:
             ok = False
             status["redis"] = {"ready": False, "detail": str(exc)}
         # the namespace tells `chorus up` that this gateway is its own (not another stack's)
-        return JSONResponse({"status": "ok" if ok else "unavailable", "namespace": settings.namespace,
-                             "services": status}, status_code=200 if ok else 503)
+        return JSONResponse(
+            {"status": "ok" if ok else "unavailable", "namespace": settings.namespace, "services": status},
+            status_code=200 if ok else 503,
+        )
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
@@ -166,8 +178,13 @@ def _model(model_id: str) -> dict[str, Any]:
 async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     setup_logging(settings.log_level)
     config = uvicorn.Config(
-        build_app(settings), host=settings.host, port=settings.port,
-        log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+        build_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
         # longer than clients keep idle connections (httpx: 5 s), so a client never sends on a
         # connection the server is closing at that moment (a connection error, not retried)
         timeout_keep_alive=75,

@@ -36,10 +36,14 @@ class GatewayContext:
 
     def check_model(self, model: str) -> None:
         if model not in self.settings.models:
-            raise ApiError(BusError(
-                code=ErrorCode.MODEL_NOT_FOUND, param="model",
-                message=f"The model '{model}' does not exist; this server serves: " + ", ".join(self.settings.models),
-            ))
+            raise ApiError(
+                BusError(
+                    code=ErrorCode.MODEL_NOT_FOUND,
+                    param="model",
+                    message=f"The model '{model}' does not exist; this server serves: "
+                    + ", ".join(self.settings.models),
+                )
+            )
 
 
 def get_ctx(request: Request) -> GatewayContext:

@@ -51,8 +51,12 @@ async def create_conversation(request: Request) -> Any:
     store = get_ctx(request).store_for(request)
     body = parse_body(await request.body() or b"{}", CreateConversation)
     items = input_items(body.items, {})
-    conv = {"id": new_id("conv"), "object": "conversation", "created_at": int(time.time()),
-            "metadata": body.metadata or {}}
+    conv = {
+        "id": new_id("conv"),
+        "object": "conversation",
+        "created_at": int(time.time()),
+        "metadata": body.metadata or {},
+    }
     await store.create_conversation(conv, items)
     return conv
 
@@ -81,8 +85,9 @@ async def delete_conversation(conv_id: str, request: Request) -> Any:
 
 
 @router.get("/v1/conversations/{conv_id}/items")
-async def list_conversation_items(conv_id: str, request: Request, limit: int = 20, order: str = "desc",
-                                  after: str | None = None) -> Any:
+async def list_conversation_items(
+    conv_id: str, request: Request, limit: int = 20, order: str = "desc", after: str | None = None
+) -> Any:
     store = get_ctx(request).store_for(request)
     await _conversation(store, conv_id)
     return page(_shown(await store.conversation_items(conv_id)), limit, order, after, None)
@@ -95,5 +100,10 @@ async def add_conversation_items(conv_id: str, request: Request) -> Any:
     items = input_items(parse_body(await request.body(), AddItems).items, {})
     await store.add_conversation_items(conv_id, items)
     data = _shown(items)
-    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None, "has_more": False}
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": False,
+    }

@@ -15,10 +15,10 @@ log = logging.getLogger("chorus.gateway")
 PUBLIC_MESSAGES = {
     ErrorCode.ENGINE_UNAVAILABLE: "No model engine is available to take the request right now; try again shortly.",
     ErrorCode.SERVICE_UNAVAILABLE: "A Chorus service needed for this request is not available right now; "
-                                   "try again shortly.",
+    "try again shortly.",
     ErrorCode.TIMEOUT: "The request timed out inside Chorus.",
     ErrorCode.STORAGE_UNAVAILABLE: "Response storage (Redis) is not available right now; try again shortly, "
-                                   "or send store: false.",
+    "or send store: false.",
     ErrorCode.INTERNAL: "The server failed to answer this request; it has been logged.",
 }
 

@@ -112,7 +112,7 @@ class Delivered:
                 end = self._replayed[i] = start + len(event.delta)
                 have = self.chars.get(i, 0)
                 if end > have:
-                    out.append(event if start >= have else ItemDelta(output_index=i, delta=event.delta[have - start:]))
+                    out.append(event if start >= have else ItemDelta(output_index=i, delta=event.delta[have - start :]))
                     self.chars[i] = end
             elif isinstance(event, ItemDone):
                 if event.output_index not in self.done:
@@ -135,8 +135,11 @@ def cut_short(events: list[ParseEvent], failure: Failed) -> list[ParseEvent]:
     """The batch of an attempt that failed and will be resumed, without the failure and without
     the items its parser closed because of it (``incomplete``): they are not done, the next
     attempt continues them."""
-    return [e for e in events if e is not failure
-            and not (isinstance(e, ItemDone) and getattr(e.item, "status", None) == "incomplete")]
+    return [
+        e
+        for e in events
+        if e is not failure and not (isinstance(e, ItemDone) and getattr(e.item, "status", None) == "incomplete")
+    ]
 
 
 @dataclass
@@ -187,8 +190,9 @@ class Generation:
                 self.accepted = item
             elif isinstance(item, ParsedBatch):  # the parser was faster than the accept
                 self._pending.append(item)
-                self.accepted = GenerationAccepted(generation_id=self.generation_id, dispatcher="",
-                                                   worker="", engine="")
+                self.accepted = GenerationAccepted(
+                    generation_id=self.generation_id, dispatcher="", worker="", engine=""
+                )
             elif isinstance(item, GenerationFailed):
                 if not item.error.retryable or not await self._resume(item.error.message):
                     raise BusFailure(item.error)
@@ -225,13 +229,17 @@ class Generation:
     async def _resume(self, reason: str) -> bool:
         """Start the next attempt from the tokens parsed so far; False when out of attempts."""
         if self.resumes >= self.owner.max_resumes:
-            log.warning("request %s: not resuming again (%d resumes): %s", self.request_id,
-                        self.resumes, reason)
+            log.warning("request %s: not resuming again (%d resumes): %s", self.request_id, self.resumes, reason)
             return False
         self.resumes += 1
         RESUMES.labels(resume_reason(reason)).inc()
-        log.warning("request %s: resuming from %d output tokens (attempt %d): %s", self.request_id,
-                    len(self.tokens), self.attempt + 1, reason)
+        log.warning(
+            "request %s: resuming from %d output tokens (attempt %d): %s",
+            self.request_id,
+            len(self.tokens),
+            self.attempt + 1,
+            reason,
+        )
         await self.owner.cancel(self.generation_id, "resumed")
         self.attempt += 1
         self.accepted = None
@@ -290,7 +298,7 @@ class Generation:
         resumed attempt replays the known tokens first: only what lies past them is new.)"""
         known = len(self.tokens)
         if batch.offset <= known < batch.offset + len(batch.token_ids):
-            self.tokens.extend(batch.token_ids[known - batch.offset:])
+            self.tokens.extend(batch.token_ids[known - batch.offset :])
         if any(isinstance(e, Finished | Failed) for e in batch.events):
             self.finished = True
         return self.delivered.filter(list(batch.events))
@@ -298,8 +306,11 @@ class Generation:
     def job(self, gateway: str) -> GenerateJob:
         # the engine sees the API request id (a later turn or attempt adds its numbers)
         turn, attempt = self.spec.parse.turn, self.attempt
-        self.generation_id = (self.request_id if turn == attempt == 0 and not self.salt
-                              else f"{self.request_id}.{turn}.{attempt}{self.salt}")
+        self.generation_id = (
+            self.request_id
+            if turn == attempt == 0 and not self.salt
+            else f"{self.request_id}.{turn}.{attempt}{self.salt}"
+        )
         return GenerateJob(
             generation_id=self.generation_id,
             encode=self.spec.encode,
@@ -315,9 +326,18 @@ class Generation:
 class Generations:
     """The gateway's generations: sends jobs, routes events back, watches the services."""
 
-    def __init__(self, bus: Bus, peers: Peers, gateway_id: str, *, accept_timeout: float,
-                 first_timeout: float, idle_timeout: float, max_resumes: int = 3,
-                 replacement_wait: float = 15.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        peers: Peers,
+        gateway_id: str,
+        *,
+        accept_timeout: float,
+        first_timeout: float,
+        idle_timeout: float,
+        max_resumes: int = 3,
+        replacement_wait: float = 15.0,
+    ) -> None:
         self.bus = bus
         self.peers = peers
         self.gateway_id = gateway_id
@@ -350,9 +370,11 @@ class Generations:
 
     async def on_death(self, service: str, instance: str) -> None:
         for generation in list(self._active.values()):
-            if (service == "parser" and generation.parser == instance) or (
-                service == "dispatcher" and generation.dispatcher == instance
-            ) or (service in ("encoder", "dispatcher") and generation.accepted is None):
+            if (
+                (service == "parser" and generation.parser == instance)
+                or (service == "dispatcher" and generation.dispatcher == instance)
+                or (service in ("encoder", "dispatcher") and generation.accepted is None)
+            ):
                 generation.deliver(Interrupted(generation.generation_id, f"the {service} serving it stopped"))
 
     async def watch(self, interval: float = 0.25) -> None:
@@ -364,8 +386,9 @@ class Generations:
                 limit = generation.wait_limit
                 if limit and now - generation.waiting_since > limit:
                     generation.wait_limit = 0.0
-                    generation.deliver(Interrupted(generation.generation_id,
-                                                   f"no answer from the services for {limit:g}s"))
+                    generation.deliver(
+                        Interrupted(generation.generation_id, f"no answer from the services for {limit:g}s")
+                    )
 
     async def on_reconnect(self) -> None:
         """Messages may have been lost while the bus was cut: every attempt starts again."""
@@ -380,12 +403,16 @@ class Generations:
         wait = self.replacement_wait if generation.attempt else 0.0
         for service in ("encoder", "dispatcher", "parser"):
             if not await self.peers.wait_usable(service, wait):
-                raise BusFailure(BusError(code=ErrorCode.SERVICE_UNAVAILABLE,
-                                          message=f"no {service} service is running", retryable=True))
+                raise BusFailure(
+                    BusError(
+                        code=ErrorCode.SERVICE_UNAVAILABLE, message=f"no {service} service is running", retryable=True
+                    )
+                )
         parser = self.peers.pick("parser")
         if parser is None:
-            raise BusFailure(BusError(code=ErrorCode.SERVICE_UNAVAILABLE,
-                                      message="no parser service is running", retryable=True))
+            raise BusFailure(
+                BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message="no parser service is running", retryable=True)
+            )
         generation.parser = parser.beat.instance
         self._active.pop(generation.generation_id, None)
         job = generation.job(self.gateway_id)
@@ -402,8 +429,12 @@ class Generations:
     @contextlib.asynccontextmanager
     async def open(self, spec: GenerationSpec, *, resume: Replayed | None = None) -> AsyncIterator[Generation]:
         if spec.encode.current_date is None:  # pinned, so a resumed attempt renders the same prompt
-            spec = GenerationSpec(spec.encode.model_copy(update={"current_date": dt.date.today().isoformat()}),
-                                  spec.sampling, spec.parse, spec.trace)
+            spec = GenerationSpec(
+                spec.encode.model_copy(update={"current_date": dt.date.today().isoformat()}),
+                spec.sampling,
+                spec.parse,
+                spec.trace,
+            )
         generation = Generation(spec, self, self.first_timeout, self.idle_timeout)
         if resume is not None:
             generation.tokens = list(resume.tokens)

@@ -70,10 +70,14 @@ class Edge:
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
                 status["code"], status["started"] = message["status"], True
-                status["sse"] = any(k.lower() == b"content-type" and v.startswith(b"text/event-stream")
-                                    for k, v in message.get("headers", []))
-                message = {**message, "headers": [*message.get("headers", []),
-                                                   (b"x-request-id", request_id.encode("latin-1"))]}
+                status["sse"] = any(
+                    k.lower() == b"content-type" and v.startswith(b"text/event-stream")
+                    for k, v in message.get("headers", [])
+                )
+                message = {
+                    **message,
+                    "headers": [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))],
+                }
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 status["ended"] = True
             await send(message)
@@ -90,9 +94,12 @@ class Edge:
         except BodyTooLarge:
             notes["reason"] = "body too large"
             if not status["started"]:
-                await self._answer(send_with_id, 413, error_body(
-                    ErrorCode.REQUEST_TOO_LARGE, f"The request body is larger than {self.max_body} bytes."))
-        except Exception:  # noqa: BLE001 - the edge of last resort: never a bare 500 or a dropped connection
+                await self._answer(
+                    send_with_id,
+                    413,
+                    error_body(ErrorCode.REQUEST_TOO_LARGE, f"The request body is larger than {self.max_body} bytes."),
+                )
+        except Exception:  # the edge of last resort: never a bare 500 or a dropped connection
             log.exception("request %s failed", request_id)
             notes["reason"] = "internal error"
             internal = error_body(ErrorCode.INTERNAL, "The server failed to answer this request; it has been logged.")
@@ -123,9 +130,11 @@ class Edge:
     def _check(self, scope: Scope, headers: dict[str, str]) -> tuple[int, ErrorCode, str] | None:
         path = scope.get("path", "")
         if self.keys and not path.startswith(OPEN_PATHS) and not self._key_ok(headers):
-            return 401, ErrorCode.INVALID_API_KEY, (
-                "Missing or invalid API key: send 'Authorization: Bearer <key>' with a key this "
-                "server accepts.")
+            return (
+                401,
+                ErrorCode.INVALID_API_KEY,
+                ("Missing or invalid API key: send 'Authorization: Bearer <key>' with a key this server accepts."),
+            )
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
             return 413, ErrorCode.REQUEST_TOO_LARGE, f"The request body is larger than {self.max_body} bytes."
@@ -133,8 +142,11 @@ class Edge:
         if scope.get("method") in ("POST", "PUT", "PATCH") and has_body:
             kind = headers.get("content-type", "").split(";")[0].strip().lower()
             if kind != "application/json" and not kind.endswith("+json"):
-                return 415, ErrorCode.UNSUPPORTED_MEDIA_TYPE, (
-                    "The request body must be JSON, sent with 'Content-Type: application/json'.")
+                return (
+                    415,
+                    ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+                    ("The request body must be JSON, sent with 'Content-Type: application/json'."),
+                )
         return None
 
     def _tenant(self, headers: dict[str, str]) -> str | None:
@@ -159,9 +171,13 @@ class Edge:
 
     @staticmethod
     async def _answer(send: Send, status: int, body: bytes) -> None:
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     @staticmethod
@@ -170,7 +186,23 @@ class Edge:
         if path in ("/health", "/metrics") and status == 200:
             return  # probes and scrapes: not one line each
         extra = " ".join(f"{k}={v}" for k, v in notes.items() if v is not None)
-        log.info("%s %s %s %.1fms request_id=%s %s", scope.get("method", ""), path, status, seconds * 1000,
-                 request_id, extra, extra={"request_id": request_id, "request": {"method": scope.get("method"), "path": path,
-                                                       "status": status, "ms": round(seconds * 1000, 1),
-                                                       "request_id": request_id, **notes}})
+        log.info(
+            "%s %s %s %.1fms request_id=%s %s",
+            scope.get("method", ""),
+            path,
+            status,
+            seconds * 1000,
+            request_id,
+            extra,
+            extra={
+                "request_id": request_id,
+                "request": {
+                    "method": scope.get("method"),
+                    "path": path,
+                    "status": status,
+                    "ms": round(seconds * 1000, 1),
+                    "request_id": request_id,
+                    **notes,
+                },
+            },
+        )

@@ -7,8 +7,7 @@ from typing import Any
 from services.gateway.errors import invalid
 
 
-def page(items: list[dict[str, Any]], limit: int, order: str, after: str | None,
-         before: str | None) -> dict[str, Any]:
+def page(items: list[dict[str, Any]], limit: int, order: str, after: str | None, before: str | None) -> dict[str, Any]:
     if not 1 <= limit <= 100:
         raise invalid("limit must be between 1 and 100.", "limit")
     if order not in ("asc", "desc"):
@@ -18,11 +17,16 @@ def page(items: list[dict[str, Any]], limit: int, order: str, after: str | None,
     if after is not None:
         if after not in ids:
             raise invalid(f"No item with id '{after}'.", "after")
-        ordered = ordered[ids.index(after) + 1:]
+        ordered = ordered[ids.index(after) + 1 :]
     if before is not None:
         ids = [i.get("id") for i in ordered]
         if before in ids:
             ordered = ordered[: ids.index(before)]
     shown = ordered[:limit]
-    return {"object": "list", "data": shown, "first_id": shown[0]["id"] if shown else None,
-            "last_id": shown[-1]["id"] if shown else None, "has_more": len(ordered) > limit}
+    return {
+        "object": "list",
+        "data": shown,
+        "first_id": shown[0]["id"] if shown else None,
+        "last_id": shown[-1]["id"] if shown else None,
+        "has_more": len(ordered) > limit,
+    }

@@ -37,15 +37,29 @@ class Observed:
     done: bool = False
 
     @classmethod
-    def start(cls, request: Request | None, *, api: str, model: str, request_id: str, stream: bool,
-              max_tokens: int | None = None, temperature: float | None = None,
-              top_p: float | None = None) -> Observed:
+    def start(
+        cls,
+        request: Request | None,
+        *,
+        api: str,
+        model: str,
+        request_id: str,
+        stream: bool,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+    ) -> Observed:
         attributes: dict[str, Any] = {
-            telemetry.GEN_AI_OPERATION: "chat", telemetry.GEN_AI_PROVIDER_NAME: "openai",
-            telemetry.GEN_AI_SYSTEM: "openai", telemetry.GEN_AI_REQUEST_MODEL: model,
-            telemetry.GEN_AI_RESPONSE_MODEL: model, telemetry.GEN_AI_RESPONSE_ID: request_id,
-            telemetry.GEN_AI_REQUEST_MAX_TOKENS: max_tokens, telemetry.GEN_AI_REQUEST_TEMPERATURE: temperature,
-            telemetry.GEN_AI_REQUEST_TOP_P: top_p, telemetry.GEN_AI_REQUEST_STREAM: stream,
+            telemetry.GEN_AI_OPERATION: "chat",
+            telemetry.GEN_AI_PROVIDER_NAME: "openai",
+            telemetry.GEN_AI_SYSTEM: "openai",
+            telemetry.GEN_AI_REQUEST_MODEL: model,
+            telemetry.GEN_AI_RESPONSE_MODEL: model,
+            telemetry.GEN_AI_RESPONSE_ID: request_id,
+            telemetry.GEN_AI_REQUEST_MAX_TOKENS: max_tokens,
+            telemetry.GEN_AI_REQUEST_TEMPERATURE: temperature,
+            telemetry.GEN_AI_REQUEST_TOP_P: top_p,
+            telemetry.GEN_AI_REQUEST_STREAM: stream,
             "chorus.api": api,
         }
         span = telemetry.child_span(f"chat {model}", *_parent(request), **attributes)
@@ -63,8 +77,15 @@ class Observed:
             self.span.set_attribute(telemetry.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, self.first - self.started)
             metrics.TIME_TO_FIRST_TOKEN.labels(self.api, self.model).observe(self.first - self.started)
 
-    def finish(self, *, outcome: str, usage: Usage | None = None, finish_reasons: list[str] | None = None,
-               worker: str | None = None, error: str | None = None) -> None:
+    def finish(
+        self,
+        *,
+        outcome: str,
+        usage: Usage | None = None,
+        finish_reasons: list[str] | None = None,
+        worker: str | None = None,
+        error: str | None = None,
+    ) -> None:
         if self.done:
             return
         self.done = True
@@ -81,7 +102,8 @@ class Observed:
             span.set_attribute(telemetry.GEN_AI_USAGE_OUTPUT_TOKENS, usage.completion_tokens)
             if self.first is not None and usage.completion_tokens > 1:
                 metrics.INTER_TOKEN_LATENCY.labels(self.api, self.model).observe(
-                    (now - self.first) / (usage.completion_tokens - 1))
+                    (now - self.first) / (usage.completion_tokens - 1)
+                )
             self.notes.update(prompt_tokens=usage.prompt_tokens, output_tokens=usage.completion_tokens)
         if finish_reasons:
             span.set_attribute(telemetry.GEN_AI_RESPONSE_FINISH_REASONS, finish_reasons)

@@ -25,8 +25,7 @@ Path = tuple[str | int, ...]
 # values, not schemas: a "$ref" inside them is data
 DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 # objects whose keys are names (a property called "enum" is a schema like any other)
-NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
-                       "dependencies"})
+NAME_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
 # keywords whose subschemas apply to the same value as their schema (no input is read)
 IN_PLACE_LISTS = ("allOf", "anyOf", "oneOf")
 IN_PLACE_ONE = ("not", "if", "then", "else")
@@ -44,8 +43,12 @@ def schema_problem(schema: dict[str, Any]) -> str | None:
     return schema_error(schema) or reference_error(schema) or contradiction(schema)
 
 
-BOUNDS = (("minimum", "maximum"), ("minLength", "maxLength"), ("minItems", "maxItems"),
-          ("minProperties", "maxProperties"))
+BOUNDS = (
+    ("minimum", "maximum"),
+    ("minLength", "maxLength"),
+    ("minItems", "maxItems"),
+    ("minProperties", "maxProperties"),
+)
 
 
 def contradiction(schema: Any) -> str | None:
@@ -69,8 +72,11 @@ def contradiction(schema: Any) -> str | None:
                 return f"{where} has {low} {lo} above {high} {hi}"
         given = node.get("properties")
         props: dict[str, Any] = given if isinstance(given, dict) else {}
-        required = [r for r in node.get("required") or [] if isinstance(r, str)] \
-            if isinstance(node.get("required"), list) else []
+        required = (
+            [r for r in node.get("required") or [] if isinstance(r, str)]
+            if isinstance(node.get("required"), list)
+            else []
+        )
         closed = node.get("additionalProperties") is False and not node.get("patternProperties")
         if closed and (missing := [r for r in required if r not in props]):
             return f"{where} requires the property {missing[0]!r} but allows only {sorted(props)}"
@@ -111,8 +117,9 @@ def _nodes(schema: Any) -> Iterator[tuple[Path, dict[str, Any]]]:
 
 def _target(root: Any, ref: str) -> Path:
     if ref != "#" and not ref.startswith("#/"):
-        raise SchemaRefError(f"the reference {ref!r} does not point inside the schema; only '#' and "
-                             "'#/...' references are supported")
+        raise SchemaRefError(
+            f"the reference {ref!r} does not point inside the schema; only '#' and '#/...' references are supported"
+        )
     node, names = root, False
     path: list[str | int] = []
     for raw in ref[2:].split("/") if ref != "#" else []:
@@ -170,8 +177,7 @@ def _no_loop(edges: dict[Path, list[Path]]) -> None:
                 done.add(node)
             elif child in on_path:
                 where = "#" + "".join(f"/{p}" for p in child)
-                raise SchemaRefError(f"the references at {where} loop back to it without reading "
-                                     "any part of the value")
+                raise SchemaRefError(f"the references at {where} loop back to it without reading any part of the value")
             elif child not in done:
                 on_path.add(child)
                 stack.append((child, iter(edges.get(child, ()))))

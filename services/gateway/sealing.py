@@ -41,11 +41,13 @@ class Sealer:
         if not blob.startswith(PREFIX):
             raise invalid("This encrypted content was not produced by this server.", param)
         try:
-            return self._fernet.decrypt(blob[len(PREFIX):].encode()).decode()
+            return self._fernet.decrypt(blob[len(PREFIX) :].encode()).decode()
         except (InvalidToken, UnicodeDecodeError):
-            raise invalid("This encrypted content is not valid: it was altered, or sealed with a "
-                          "key this server does not have.", param) from None
+            raise invalid(
+                "This encrypted content is not valid: it was altered, or sealed with a key this server does not have.",
+                param,
+            ) from None
 
     def rotate(self, blob: str) -> str:
         """``blob`` sealed again under the current key."""
-        return PREFIX + self._fernet.rotate(blob[len(PREFIX):].encode()).decode()
+        return PREFIX + self._fernet.rotate(blob[len(PREFIX) :].encode()).decode()

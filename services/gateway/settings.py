@@ -25,22 +25,16 @@ class Settings(BusSettings):
     )
     bus_timeout_s: float = Field(
         default=10.0,
-        description="Bus steps before a generation starts: encode, parser open, generate "
-        "accepted (seconds).",
+        description="Bus steps before a generation starts: encode, parser open, generate accepted (seconds).",
     )
     first_token_timeout_s: float = Field(
-        default=120.0,
-        description="From the engine accepting a generation to its first parsed event (seconds).",
+        default=120.0, description="From the engine accepting a generation to its first parsed event (seconds)."
     )
-    idle_timeout_s: float = Field(
-        default=120.0, description="Between two parsed batches of a generation (seconds)."
-    )
+    idle_timeout_s: float = Field(default=120.0, description="Between two parsed batches of a generation (seconds).")
     default_max_tokens: int | None = Field(
         default=None, description="Output budget when the request sets none; unset: the engine's limit."
     )
-    max_tool_iterations: int = Field(
-        default=16, description="Server-side cap on Responses tool-loop turns."
-    )
+    max_tool_iterations: int = Field(default=16, description="Server-side cap on Responses tool-loop turns.")
     mcp_call_timeout_s: float = Field(default=30.0, description="One MCP tool call, end to end (seconds).")
     metrics_timeout_s: float = Field(
         default=0.5, description="/metrics waits this long for every service's answer (seconds)."
@@ -64,8 +58,7 @@ class Settings(BusSettings):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, description="Larger request bodies are a 413.")
     ignore_unknown_fields: bool = Field(
         default=False,
-        description="Accept request fields OpenAI does not define (a client newer than this "
-        "server) instead of a 400.",
+        description="Accept request fields OpenAI does not define (a client newer than this server) instead of a 400.",
     )
 
     @field_validator("sealing_keys", "api_keys", mode="before")

@@ -48,14 +48,15 @@ def merge(own: str, own_instance: str, snapshots: list[MetricsSnapshot]) -> str:
     """One exposition from several: samples labelled with their service and instance."""
     families: dict[str, tuple[str, str, list[Sample]]] = {}
     # this gateway answers the bus request too: its registry is counted once, from ``own``
-    sources = [("gateway", own_instance, own),
-               *((s.service, s.instance, s.exposition) for s in snapshots if s.instance != own_instance)]
+    sources = [
+        ("gateway", own_instance, own),
+        *((s.service, s.instance, s.exposition) for s in snapshots if s.instance != own_instance),
+    ]
     for service, instance, text in sources:
         for family in text_string_to_metric_families(text):
             kind, doc, samples = families.setdefault(family.name, (family.type, family.documentation, []))
             for sample in family.samples:
-                samples.append(sample._replace(labels={**sample.labels, "service": service,
-                                                       "instance": instance}))
+                samples.append(sample._replace(labels={**sample.labels, "service": service, "instance": instance}))
     lines: list[str] = []
     for name, (kind, doc, samples) in sorted(families.items()):
         if kind == "counter":  # the parser names a counter's family without the suffix it writes

@@ -123,9 +123,18 @@ class RedisResponseStore:
 
     @classmethod
     def from_url(cls, url: str, *, namespace: str, ttl_s: int) -> RedisResponseStore:
-        return cls(aioredis.from_url(url, decode_responses=False, health_check_interval=5,
-                                     socket_connect_timeout=2, socket_timeout=5, retry_on_timeout=True),
-                   namespace, ttl_s)
+        return cls(
+            aioredis.from_url(
+                url,
+                decode_responses=False,
+                health_check_interval=5,
+                socket_connect_timeout=2,
+                socket_timeout=5,
+                retry_on_timeout=True,
+            ),
+            namespace,
+            ttl_s,
+        )
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -171,8 +180,7 @@ class RedisResponseStore:
 
     async def history(self, response_id: str) -> list[ConversationItem] | None:
         """Everything a continuation of ``response_id`` builds on (None: no such response)."""
-        raws: list[bytes] = await self._walk(keys=[self._k("resp", response_id)],
-                                             args=[self._k("resp", ""), MAX_CHAIN])
+        raws: list[bytes] = await self._walk(keys=[self._k("resp", response_id)], args=[self._k("resp", ""), MAX_CHAIN])
         if not raws:
             return None
         ids: list[str] = []
@@ -282,8 +290,12 @@ class RedisResponseStore:
     async def done_running(self, response_id: str) -> None:
         async with self.r.pipeline(transaction=True) as pipe:
             pipe.srem(self._global("bg", "running"), f"{self.tenant or ''}|{response_id}")
-            pipe.delete(self._k("bg", response_id), self._k("bg", response_id, "lease"),
-                        self._k("bg", response_id, "checkpoint"), self._k("bg", response_id, "steps"))
+            pipe.delete(
+                self._k("bg", response_id),
+                self._k("bg", response_id, "lease"),
+                self._k("bg", response_id, "checkpoint"),
+                self._k("bg", response_id, "steps"),
+            )
             await pipe.execute()
 
     async def put_checkpoint(self, response_id: str, checkpoint: bytes) -> None:

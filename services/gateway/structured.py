@@ -15,11 +15,20 @@ from contracts.messages.generate import OutputConstraint
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
-def response_format(kind: Literal["json_object", "json_schema"], *, name: str = "response",
-                    schema: dict[str, Any] | None = None, description: str | None = None,
-                    strict: bool | None = None) -> ResponseFormat:
-    return ResponseFormat(name=name, description=description, json_schema=schema or ANY_OBJECT,
-                          strict=bool(strict) if kind == "json_schema" else False)
+def response_format(
+    kind: Literal["json_object", "json_schema"],
+    *,
+    name: str = "response",
+    schema: dict[str, Any] | None = None,
+    description: str | None = None,
+    strict: bool | None = None,
+) -> ResponseFormat:
+    return ResponseFormat(
+        name=name,
+        description=description,
+        json_schema=schema or ANY_OBJECT,
+        strict=bool(strict) if kind == "json_schema" else False,
+    )
 
 
 def constraint(fmt: ResponseFormat | None, choice: str | None, offered: list[str]) -> OutputConstraint | None:

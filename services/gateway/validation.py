@@ -89,8 +89,9 @@ def validate(data: Any, model: type[M], *, ignore_unknown: bool = False) -> M:
         # pydantic reports every union branch; the deepest error is the most specific one
         first = max(errors, key=lambda e: len(e.get("loc", ())))
         param = param_of(tuple(first.get("loc", ())), data)
-        raise invalid(_message(str(first.get("type", "")), param, str(first.get("msg", "invalid"))),
-                      param or None) from None
+        raise invalid(
+            _message(str(first.get("type", "")), param, str(first.get("msg", "invalid"))), param or None
+        ) from None
 
 
 def parse_body(raw: bytes, model: type[M], *, ignore_unknown: bool = False) -> M:

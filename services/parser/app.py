@@ -20,9 +20,7 @@ TOKENS: TypeAdapter[TokenFrame] = TypeAdapter(TokenFrame)
 CANCEL: TypeAdapter[Cancel] = TypeAdapter(Cancel)
 
 
-async def run(
-    settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None
-) -> None:
+async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None) -> None:
     harmony_encoding()
     token_bytes()  # the vocabulary's byte table, before the first session needs it
     async with Runtime.start(settings, "parser", stop=stop, watch=("gateway",)) as rt:

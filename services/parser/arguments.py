@@ -29,7 +29,6 @@ _LITERALS = {"t": "true", "f": "false", "n": "null"}
 _CLOSER = {"{": "}", "[": "]"}
 
 
-
 class _Expect(enum.Enum):
     """What the scanner expects next (outside strings)."""
 
@@ -58,8 +57,20 @@ class ArgumentStream:
     """One call's arguments, fed as they arrive: ``feed`` returns what may be sent now,
     ``finish`` the final arguments and the name of the repair, if any."""
 
-    __slots__ = ("_comma", "_esc", "_held", "_key", "_parts", "_stack", "_started", "_state", "_str", "_tok", "ok",
-                 "sent")
+    __slots__ = (
+        "_comma",
+        "_esc",
+        "_held",
+        "_key",
+        "_parts",
+        "_stack",
+        "_started",
+        "_state",
+        "_str",
+        "_tok",
+        "ok",
+        "sent",
+    )
 
     def __init__(self) -> None:
         self.ok = True  # the text so far is a strict JSON prefix
@@ -137,7 +148,7 @@ class ArgumentStream:
             tok = self._tok
             word = _LITERALS.get(tok[0])
             if word is not None:
-                need = word[len(tok):]
+                need = word[len(tok) :]
                 if not (text.startswith(need) if n >= len(need) else need.startswith(text)):
                     return 0
                 if n < len(need):

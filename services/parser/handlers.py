@@ -16,13 +16,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.control import Cancel
-from contracts.messages.generate import (
-    EventFrame,
-    GatewayEvent,
-    ParsedBatch,
-    TokenBatch,
-    TokenFrame,
-)
+from contracts.messages.generate import EventFrame, GatewayEvent, ParsedBatch, TokenBatch, TokenFrame
 from contracts.messages.parse import Failed, ItemDelta, ParseEvent
 from services.common import telemetry
 from services.common.bus import Bus, Outboxes
@@ -55,7 +49,8 @@ class Sessions:
         self.idle = asyncio.Event()  # no session open (draining waits for it)
         self.idle.set()
         self._out: Outboxes[GatewayEvent, EventFrame] = Outboxes(
-            bus, lambda items: EventFrame(events=merge(items)), window=window)
+            bus, lambda items: EventFrame(events=merge(items)), window=window
+        )
 
     def __len__(self) -> int:
         return len(self._open)
@@ -94,20 +89,23 @@ class Sessions:
                 log.debug("tokens for unknown generation %s dropped", gid)
                 return
             spec = batch.open
-            session = ParseSession(harmony_encoding(), spec.request_id, spec.tool_names, spec.namespaces,
-                                   spec.tool_schemas, spec.turn)
-            span = telemetry.child_span("parse", batch.trace, SpanKind.CONSUMER,
-                                        **{"chorus.generation_id": gid, "chorus.turn": spec.turn})
+            session = ParseSession(
+                harmony_encoding(), spec.request_id, spec.tool_names, spec.namespaces, spec.tool_schemas, spec.turn
+            )
+            span = telemetry.child_span(
+                "parse", batch.trace, SpanKind.CONSUMER, **{"chorus.generation_id": gid, "chorus.turn": spec.turn}
+            )
             entry = self._open[gid] = _Open(session, batch.gateway, span)
             self.idle.clear()
         entry.touched = time.monotonic()
         ids = batch.token_ids
         if batch.offset < entry.offset:  # already parsed (a repeated batch)
-            ids = ids[entry.offset - batch.offset:]
+            ids = ids[entry.offset - batch.offset :]
         elif batch.offset > entry.offset:
             log.warning("generation %s: tokens %d..%d never arrived", gid, entry.offset, batch.offset)
-            lost = BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message="tokens were lost on the way to the parser",
-                            retryable=True)
+            lost = BusError(
+                code=ErrorCode.SERVICE_UNAVAILABLE, message="tokens were lost on the way to the parser", retryable=True
+            )
             telemetry.failed(entry.span, lost.code.value, lost.message)
             self._end(gid, entry, [Failed(error=lost)])
             return
@@ -120,8 +118,9 @@ class Sessions:
             events += entry.session.finish(batch.finish_reason, batch.usage, batch.error)
             for kind, n in entry.session.recoveries.items():
                 RECOVERIES.labels(kind).inc(n)
-            entry.span.set_attributes({"chorus.output_tokens": entry.offset,
-                                       "chorus.recoveries": sum(entry.session.recoveries.values())})
+            entry.span.set_attributes(
+                {"chorus.output_tokens": entry.offset, "chorus.recoveries": sum(entry.session.recoveries.values())}
+            )
             if batch.finish_reason is not None:
                 entry.span.set_attribute(telemetry.GEN_AI_RESPONSE_FINISH_REASONS, [batch.finish_reason])
             self._end(gid, entry, events)
@@ -129,8 +128,9 @@ class Sessions:
             self._send(gid, entry, events)
 
     def _send(self, gid: str, entry: _Open, events: list[ParseEvent]) -> None:
-        batch = ParsedBatch(generation_id=gid, offset=entry.unsent_from,
-                                            token_ids=entry.unsent, events=events, parser=self.worker_id)
+        batch = ParsedBatch(
+            generation_id=gid, offset=entry.unsent_from, token_ids=entry.unsent, events=events, parser=self.worker_id
+        )
         entry.unsent = []
         entry.unsent_from = entry.offset
         # what starts or ends an item (and an item's first text) goes out at once; more text of
@@ -159,9 +159,12 @@ def merge(events: list[GatewayEvent]) -> list[GatewayEvent]:
         held = out.get(event.generation_id)
         if isinstance(held, ParsedBatch) and isinstance(event, ParsedBatch):
             out[event.generation_id] = ParsedBatch(
-                generation_id=held.generation_id, offset=held.offset, parser=held.parser,
+                generation_id=held.generation_id,
+                offset=held.offset,
+                parser=held.parser,
                 token_ids=[*held.token_ids, *event.token_ids],
-                events=join_deltas([*held.events, *event.events]))
+                events=join_deltas([*held.events, *event.events]),
+            )
         elif held is None:
             out[event.generation_id] = event
         else:
@@ -175,8 +178,7 @@ def join_deltas(events: list[ParseEvent]) -> list[ParseEvent]:
     for event in events:
         prev = out[-1] if out else None
         if isinstance(event, ItemDelta) and isinstance(prev, ItemDelta) and prev.output_index == event.output_index:
-            out[-1] = ItemDelta(output_index=prev.output_index,
-                                                delta=prev.delta + event.delta)
+            out[-1] = ItemDelta(output_index=prev.output_index, delta=prev.delta + event.delta)
         else:
             out.append(event)
     return out

@@ -19,13 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from contracts.messages.items import (
-    FunctionCallItem,
-    ItemStatus,
-    MessageItem,
-    OutputItem,
-    ReasoningItem,
-)
+from contracts.messages.items import FunctionCallItem, ItemStatus, MessageItem, OutputItem, ReasoningItem
 from contracts.messages.parse import ItemAdded, ItemDelta, ItemDone, ParseEvent
 from services.parser.arguments import ArgumentStream
 from services.parser.recovery import (
@@ -124,8 +118,12 @@ class OutputItems:
                 self.recoveries["tool_call_on_" + (channel or "no_channel")] += 1
             self.calls += 1
             item = FunctionCallItem(
-                id=self._id("fc", index), call_id=self._id("call", index), name=recipient.name,
-                namespace=recipient.namespace, arguments="", status="in_progress",
+                id=self._id("fc", index),
+                call_id=self._id("call", index),
+                name=recipient.name,
+                namespace=recipient.namespace,
+                arguments="",
+                status="in_progress",
             )
             kind = "call"
         elif channel == "analysis":
@@ -135,8 +133,9 @@ class OutputItems:
             if channel is None:
                 self.recoveries["unknown_channel" if header.unknown_channel else "missing_channel"] += 1
             out_channel = "commentary" if channel == "commentary" else "final"
-            item = MessageItem(id=self._id("msg", index), role="assistant", content="",
-                               channel=out_channel, status="in_progress")
+            item = MessageItem(
+                id=self._id("msg", index), role="assistant", content="", channel=out_channel, status="in_progress"
+            )
             kind = "message"
         entry = OpenItem(index=index, kind=kind, item=item)
         if kind == "call":
@@ -226,8 +225,13 @@ class OutputItems:
         status: ItemStatus = "incomplete" if incomplete else "completed"
         item = entry.item
         call = None
-        if entry.kind == "message" and entry.recover and self.tool_names and not incomplete and (
-                entry.hold or "{" in text):
+        if (
+            entry.kind == "message"
+            and entry.recover
+            and self.tool_names
+            and not incomplete
+            and (entry.hold or "{" in text)
+        ):
             call = recover_tool_call(text, self.tool_names, self.tool_schemas)
             if call is not None and call.whole and entry.hold:  # the message was nothing but the call
                 self._emit_call(entry.index, call)
@@ -261,9 +265,16 @@ class OutputItems:
         """A tool call recovered from text, as a complete function call item at ``index``."""
         self.recoveries[call.kind] += 1
         self.calls += 1
-        item = FunctionCallItem(id=self._id("fc", index), call_id=self._id("call", index), name=call.name,
-                                arguments=call.arguments, status="completed")
-        self.push(ItemAdded(output_index=index, item=item.model_copy(update={"arguments": "", "status": "in_progress"})))
+        item = FunctionCallItem(
+            id=self._id("fc", index),
+            call_id=self._id("call", index),
+            name=call.name,
+            arguments=call.arguments,
+            status="completed",
+        )
+        self.push(
+            ItemAdded(output_index=index, item=item.model_copy(update={"arguments": "", "status": "in_progress"}))
+        )
         if call.arguments:
             self._delta(index, call.arguments)
         self.push(ItemDone(output_index=index, item=item))

@@ -46,7 +46,8 @@ def parse_header(role_text: str, channel_text: str | None, constrain_text: str |
         raw = words[0] if words else ""
         name = re.sub(r"[^a-z]", "", raw.lower())
         channel = next((c for c in CHANNELS if name == c), None) or next(
-            (c for c in CHANNELS if name and (name.startswith(c) or c.startswith(name) and len(name) >= 4)), None)
+            (c for c in CHANNELS if name and (name.startswith(c) or c.startswith(name) and len(name) >= 4)), None
+        )
         if channel is None and name and any(k in name for k in ("analy", "think", "reason", "thought")):
             channel = "analysis"  # clearly reasoning under another name
         if channel is None and raw:
@@ -111,9 +112,7 @@ class Recipient:
     recovered: str | None = None  # the kind of repair, when one was needed; UNOFFERED: no call
 
 
-def map_recipient(
-    recipient: str | None, tool_names: list[str], namespaces: list[str]
-) -> Recipient | None:
+def map_recipient(recipient: str | None, tool_names: list[str], namespaces: list[str]) -> Recipient | None:
     """A header recipient -> (namespace, tool name), or None when it names no tool. A function
     or namespace the request did not offer comes back with ``recovered=UNOFFERED``: as in
     shared/seeds/002, a call to a tool nobody offered is no tool call (the caller keeps its text
@@ -169,7 +168,7 @@ class ControlTextFilter:
         self.removed += n
         m = _PARTIAL_CONTROL.search(cleaned)
         if m:
-            self.pending = cleaned[m.start():]
+            self.pending = cleaned[m.start() :]
             cleaned = cleaned[: m.start()]
         return cleaned
 
@@ -238,7 +237,10 @@ def _load(candidate: str) -> Any:
 
 
 def _as_call(
-    data: Any, tool_names: list[str], schemas: dict[str, dict[str, Any]], kind: str = "json_tool_call",
+    data: Any,
+    tool_names: list[str],
+    schemas: dict[str, dict[str, Any]],
+    kind: str = "json_tool_call",
     need_arguments: bool = False,
 ) -> RecoveredCall | None:
     if not isinstance(data, dict):
@@ -283,8 +285,11 @@ def _infer(data: Any, tool_names: list[str], schemas: dict[str, dict[str, Any]])
     """Bare arguments without a tool name (seed 002, strategy 4): the call, when exactly one
     offered tool's schema takes them (every key a property, after alias normalisation; every
     required property present)."""
-    if not isinstance(data, dict) or not data or any(k in data for k in ("tool", "function", "tool_name",
-                                                                        *_ARGUMENT_KEYS)):
+    if (
+        not isinstance(data, dict)
+        or not data
+        or any(k in data for k in ("tool", "function", "tool_name", *_ARGUMENT_KEYS))
+    ):
         return None  # written as a call (to a tool nobody offered, or it would have matched)
     matches: list[RecoveredCall] = []
     for tool in tool_names:

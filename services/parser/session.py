@@ -29,14 +29,7 @@ from openai_harmony import HarmonyEncoding
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineFinishReason, EngineUsage
-from contracts.messages.parse import (
-    Failed,
-    Finished,
-    FinishReason,
-    ItemDelta,
-    ParseEvent,
-    Usage,
-)
+from contracts.messages.parse import Failed, Finished, FinishReason, ItemDelta, ParseEvent, Usage
 from services.common.harmony import (
     CALL,
     CHANNEL,
@@ -99,8 +92,9 @@ class ParseSession:
         self.recoveries: Counter[str] = Counter()
         self.tokens_seen = 0
         self.reasoning_tokens = 0
-        self._out = OutputItems(request_id, turn, list(tool_names or []), list(namespaces or []),
-                                tool_schemas or {}, self.recoveries)
+        self._out = OutputItems(
+            request_id, turn, list(tool_names or []), list(namespaces or []), tool_schemas or {}, self.recoveries
+        )
         self._state: _At = _HEADER  # the prompt ended with <|start|>assistant
         self._sections: dict[str, list[int]] = {"role": []}
         self._section = "role"
@@ -111,8 +105,12 @@ class ParseSession:
     def feed(self, token_ids: list[int]) -> list[ParseEvent]:
         n = len(token_ids)
         entry = self._item
-        if entry is not None and n and (
-            0 <= token_ids[0] < FIRST_SPECIAL if n == 1 else max(token_ids) < FIRST_SPECIAL and min(token_ids) >= 0
+        if (
+            entry is not None
+            and n
+            and (
+                0 <= token_ids[0] < FIRST_SPECIAL if n == 1 else max(token_ids) < FIRST_SPECIAL and min(token_ids) >= 0
+            )
         ):
             # the hot path: the whole batch is text inside an open message (nothing is pending
             # between batches: every feed returns after take)
@@ -161,10 +159,7 @@ class ParseSession:
         return self._out.take()
 
     def finish(
-        self,
-        finish_reason: EngineFinishReason | None,
-        usage: EngineUsage | None = None,
-        error: BusError | None = None,
+        self, finish_reason: EngineFinishReason | None, usage: EngineUsage | None = None, error: BusError | None = None
     ) -> list[ParseEvent]:
         if self._finished:
             return []
@@ -183,8 +178,9 @@ class ParseSession:
         if self.recoveries:
             log.warning("request %s: repaired model output: %s", self.request_id, dict(self.recoveries))
         if error is not None or finish_reason == "error":
-            self._out.push(Failed(error=error or BusError(code=ErrorCode.ENGINE_ERROR, message="the engine failed"),
-                                  usage=u))
+            self._out.push(
+                Failed(error=error or BusError(code=ErrorCode.ENGINE_ERROR, message="the engine failed"), usage=u)
+            )
         else:
             reason: FinishReason = "stop" if finish_reason in (None, "error") else finish_reason
             if reason == "stop" and self._out.calls:

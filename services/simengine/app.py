@@ -56,16 +56,20 @@ async def health(_: Request) -> Response:
 
 async def models(request: Request) -> Response:
     sim: SimState = request.app.state.sim
-    return JSONResponse({
-        "object": "list",
-        "data": [{
-            "id": sim.settings.served_model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "chorus-simulator",
-            "max_model_len": sim.settings.max_model_len,
-        }],
-    })
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": sim.settings.served_model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "chorus-simulator",
+                    "max_model_len": sim.settings.max_model_len,
+                }
+            ],
+        }
+    )
 
 
 async def sim_requests(request: Request) -> Response:
@@ -114,8 +118,14 @@ def build_app(settings: Settings, recorder: Recorder | None = None) -> ASGIApp:
 
 def _server(settings: Settings, app: ASGIApp) -> uvicorn.Server:
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, lifespan="off", access_log=False,
-        log_level="warning", log_config=None, timeout_graceful_shutdown=2,
+        app,
+        host=settings.host,
+        port=settings.port,
+        lifespan="off",
+        access_log=False,
+        log_level="warning",
+        log_config=None,
+        timeout_graceful_shutdown=2,
     )
     return uvicorn.Server(config)
 
@@ -132,8 +142,10 @@ async def _serve_until(server: uvicorn.Server, sock: socket.socket | None, stop:
 async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (or SIGINT/SIGTERM)."""
     log.warning(
-        "SIMULATED gpt-oss engine (not a model: scripted Harmony output) on http://%s:%d, "
-        "protocol=%s%s", settings.host, settings.port, settings.protocol,
+        "SIMULATED gpt-oss engine (not a model: scripted Harmony output) on http://%s:%d, protocol=%s%s",
+        settings.host,
+        settings.port,
+        settings.protocol,
         " (SGLang incremental streaming)" if settings.sglang_incremental else "",
     )
     server = _server(settings, build_app(settings))

@@ -25,9 +25,7 @@ SPECIAL_TOKEN_START = 199998
 class SimRequestError(Exception):
     """A request the engine refuses before generating (how it says so is the protocol's)."""
 
-    def __init__(
-        self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None
-    ) -> None:
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError", param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
@@ -71,9 +69,7 @@ class Generation:
         said = script.directives
         delay_ms = said.delay_ms
         self.chunk_size = max(1, settings.tokens_per_chunk)
-        self.delay_s = (
-            delay_ms / 1000 if delay_ms is not None else settings.token_delay_ms * self.chunk_size / 1000
-        )
+        self.delay_s = delay_ms / 1000 if delay_ms is not None else settings.token_delay_ms * self.chunk_size / 1000
         self.error_after = said.error_after
 
     @property

@@ -19,8 +19,17 @@ from typing import Any
 import jsonschema
 
 FORMAT_TYPES = (
-    "const_string", "json_schema", "any_text", "grammar", "regex", "qwen_xml_parameter",
-    "sequence", "or", "tag", "triggered_tags", "tags_with_separator",
+    "const_string",
+    "json_schema",
+    "any_text",
+    "grammar",
+    "regex",
+    "qwen_xml_parameter",
+    "sequence",
+    "or",
+    "tag",
+    "triggered_tags",
+    "tags_with_separator",
 )
 _UNLIMITED = ("any_text", "triggered_tags", "tags_with_separator")
 _RECIPIENT_END = re.compile(r" to=([\w.-]+)\.$")
@@ -140,12 +149,16 @@ def _elements(fmt: dict[str, Any], kind: str) -> bool:
     if kind == "sequence":
         for i, flag in enumerate(unlimited[:-1]):
             if flag:
-                raise GrammarError("Only the last element in a sequence can be unlimited, but the "
-                                   f"{i}th element of sequence format is unlimited")
+                raise GrammarError(
+                    "Only the last element in a sequence can be unlimited, but the "
+                    f"{i}th element of sequence format is unlimited"
+                )
         return unlimited[-1]
     if any(unlimited) and not all(unlimited):
-        raise GrammarError("Now we only support all elements in an or format to be unlimited or all "
-                           "limited, but the or format has both unlimited and limited elements")
+        raise GrammarError(
+            "Now we only support all elements in an or format to be unlimited or all "
+            "limited, but the or format has both unlimited and limited elements"
+        )
     return any(unlimited)
 
 
@@ -241,12 +254,15 @@ def constraint_of(tag: dict[str, Any]) -> Constraint:
         m = _RECIPIENT_END.search(end) if fmt.get("type") == "tag" and isinstance(end, str) else None
         if m:
             namespace = m.group(1)
-            tools = [n.group(0) for f in formats if f.get("type") == "const_string"
-                     and not str(f.get("value", "")).startswith(" to=")
-                     and (n := _NAME.match(str(f.get("value", "")))) is not None]
+            tools = [
+                n.group(0)
+                for f in formats
+                if f.get("type") == "const_string"
+                and not str(f.get("value", "")).startswith(" to=")
+                and (n := _NAME.match(str(f.get("value", "")))) is not None
+            ]
             break
-    return Constraint(final_schema=None if tools else final, tools=tuple(dict.fromkeys(tools)),
-                      namespace=namespace)
+    return Constraint(final_schema=None if tools else final, tools=tuple(dict.fromkeys(tools)), namespace=namespace)
 
 
 def structured_outputs_constraint(params: dict[str, Any]) -> Constraint | None:

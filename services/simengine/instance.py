@@ -103,8 +103,13 @@ def _build(schema: Any, root: Any, depth: int) -> Any:
         if isinstance(schema.get(key), list):
             for option in schema[key]:
                 try:
-                    return _build({**{k: v for k, v in schema.items() if k != key}, **option}
-                                  if isinstance(option, dict) else option, root, depth + 1)
+                    return _build(
+                        {**{k: v for k, v in schema.items() if k != key}, **option}
+                        if isinstance(option, dict)
+                        else option,
+                        root,
+                        depth + 1,
+                    )
                 except (NoInstance, KeyError, IndexError, TypeError):
                     continue
             raise NoInstance(f"no alternative of {key} can be built")

@@ -17,7 +17,7 @@ from services.common.harmony import CALL, END, MESSAGE, RETURN, START
 _END_IDS = frozenset({END, CALL, RETURN, START})
 _NAMESPACE = re.compile(r"namespace (\w+) \{\n(.*?)\n\} // namespace \1", re.DOTALL)
 _TOOL_HEAD = re.compile(r"^type (\w+) = \((?:_: \{)?", re.MULTILINE)
-_PROP = re.compile(r'^(\w+)(\?)?: (.+?),?$')
+_PROP = re.compile(r"^(\w+)(\?)?: (.+?),?$")
 _DIRECTIVE = re.compile(r"\[\[sim:(\w+)=(.*?)\]\]", re.DOTALL)
 # the developer message's last section: "# Response Formats\n\n## name\n\n// ...\n{schema}"
 _RESPONSE_FORMAT = re.compile(r"(?:^|\n\n)# Response Formats\n\n## [^\n]*\n\n(?:(?://[^\n]*)\n)*(\{.*\})\Z", re.DOTALL)

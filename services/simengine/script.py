@@ -40,8 +40,24 @@ from services.simengine.prompt import (
 
 # each one token with its leading space, so N words are exactly N tokens
 _FILLER = (
-    "the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "and", "then", "it",
-    "rests", "a", "while", "before", "running", "again",
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "the",
+    "lazy",
+    "dog",
+    "and",
+    "then",
+    "it",
+    "rests",
+    "a",
+    "while",
+    "before",
+    "running",
+    "again",
 )
 _QUOTED = re.compile(r"\"([^\"]+)\"|'([^']+)'")
 _WORD = re.compile(r"[A-Za-z][\w-]*")
@@ -206,7 +222,7 @@ def compose(
     answer = _safe(answer) if answer is not None else None
     if constraint is not None and constraint.tools:
         tool = allowed_tool(tools, constraint, user)
-        return _call(tool, user, f"The user says \"{user}\". I must call {tool.name}.")
+        return _call(tool, user, f'The user says "{user}". I must call {tool.name}.')
     if last is not None and last.author not in _TOOL_AUTHORS:
         output = _quote(last.content.strip())
         name = last.author.split(".", 1)[-1]
@@ -218,9 +234,9 @@ def compose(
         )
     if tools and user_index == len(messages) - 1:
         tool = choose_tool(tools, user)
-        return _call(tool, user, f"The user says \"{user}\". I should call {tool.name}.")
+        return _call(tool, user, f'The user says "{user}". I should call {tool.name}.')
     return (
-        f"<|channel|>analysis<|message|>The user says \"{user}\". I will answer briefly.<|end|>"
+        f'<|channel|>analysis<|message|>The user says "{user}". I will answer briefly.<|end|>'
         f"<|start|>assistant<|channel|>final<|message|>{answer or f'Hello! You said: {user}'}<|return|>"
     )
 
@@ -237,7 +253,7 @@ def plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding, constraint: Const
         base = _plan(prompt_ids[:start], encoding, constraint)
         already = list(prompt_ids[start:])
         if base.output_ids[: len(already)] == already:
-            return Script(encoding.decode(list(prompt_ids)), base.output_ids[len(already):], base.directives)
+            return Script(encoding.decode(list(prompt_ids)), base.output_ids[len(already) :], base.directives)
     return _plan(prompt_ids, encoding, constraint)
 
 
@@ -293,7 +309,7 @@ def _plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding, constraint: Cons
         user = _quote(strip_directives(user_raw))
         head = encode_harmony(
             encoding,
-            f"<|channel|>analysis<|message|>The user says \"{user}\". "
+            f'<|channel|>analysis<|message|>The user says "{user}". '
             f"A long answer is wanted.<|end|><|start|>assistant<|channel|>final<|message|>",
         )
         tail = encoding.encode("<|return|>", allowed_special="all")

@@ -21,17 +21,11 @@ class Settings(BaseSettings):
         description="Stream SGLang output as deltas, like SGLang's --incremental-streaming-output "
         "(default: cumulative).",
     )
-    token_delay_ms: float = Field(
-        default=0.0, description="Delay per output token (ms); benchmarks run at zero."
-    )
+    token_delay_ms: float = Field(default=0.0, description="Delay per output token (ms); benchmarks run at zero.")
     tokens_per_chunk: int = Field(default=1, description="Output tokens per streamed chunk.")
     prefill_delay_ms: float = Field(default=0.0, description="Delay before the first token (ms).")
-    served_model_name: str = Field(
-        default="openai/gpt-oss-20b", description="The model name it reports (/v1/models)."
-    )
-    max_model_len: int = Field(
-        default=131072, description="The context length it enforces, as the real engines do."
-    )
+    served_model_name: str = Field(default="openai/gpt-oss-20b", description="The model name it reports (/v1/models).")
+    max_model_len: int = Field(default=131072, description="The context length it enforces, as the real engines do.")
     vocab_size: int = Field(default=201088, description="Token ids at or above this are refused.")
     log_level: str = Field(
         default="INFO",

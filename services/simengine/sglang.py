@@ -27,13 +27,7 @@ from services.simengine.generation import (
     decode_text,
     prepare,
 )
-from services.simengine.grammar import (
-    Constraint,
-    GrammarError,
-    check_schema,
-    check_structural_tag,
-    constraint_of,
-)
+from services.simengine.grammar import Constraint, GrammarError, check_schema, check_structural_tag, constraint_of
 from services.simengine.settings import Settings
 from services.simengine.state import Recorder, SimState
 
@@ -92,8 +86,9 @@ def checks(sp: SamplingParams, settings: Settings) -> Check:
     def check(prompt: list[int]) -> Constraint | None:
         n, context = len(prompt), settings.max_model_len
         if n >= context:
-            raise SimRequestError(400, f"The input ({n} tokens) is longer than the model's context "
-                                       f"length ({context} tokens).")
+            raise SimRequestError(
+                400, f"The input ({n} tokens) is longer than the model's context length ({context} tokens)."
+            )
         wanted = sp.max_new_tokens
         if wanted is not None and wanted + n >= context:
             raise SimRequestError(
@@ -104,8 +99,9 @@ def checks(sp: SamplingParams, settings: Settings) -> Check:
                 "the number of tokens in the input messages or the completion to fit within the limit.",
             )
         if any(t >= settings.vocab_size for t in prompt):
-            raise SimRequestError(400, f"The input_ids {prompt} contains values greater than the "
-                                       f"vocab size ({settings.vocab_size}).")
+            raise SimRequestError(
+                400, f"The input_ids {prompt} contains values greater than the vocab size ({settings.vocab_size})."
+            )
         _verify(sp)
         return _grammar(sp)
 
@@ -132,8 +128,12 @@ def _grammar(sp: SamplingParams) -> Constraint | None:
     """The grammar key the scheduler compiles (json_schema, regex, ebnf, then structural_tag);
     one xgrammar cannot compile aborts the request: "Invalid grammar request: ..." (400)."""
     key: tuple[str, Any] | None = None
-    for name, value in (("json", sp.json_schema), ("regex", sp.regex), ("ebnf", sp.ebnf),
-                        ("structural_tag", sp.structural_tag or None)):
+    for name, value in (
+        ("json", sp.json_schema),
+        ("regex", sp.regex),
+        ("ebnf", sp.ebnf),
+        ("structural_tag", sp.structural_tag or None),
+    ):
         if value is not None:
             key = (name, value)
             break
@@ -188,9 +188,7 @@ async def generate(request: Request) -> Response:
         body = GenerateBody.model_validate_json(await request.body())
     except ValidationError as exc:
         first = exc.errors()[0]
-        return JSONResponse(
-            error_body(f"{'.'.join(map(str, first['loc']))}: {first['msg']}", 400), status_code=400
-        )
+        return JSONResponse(error_body(f"{'.'.join(map(str, first['loc']))}: {first['msg']}", 400), status_code=400)
     prompt = body.input_ids
     if prompt is None:
         prompt = sim.encoding.encode(body.text or "", allowed_special="all")
@@ -200,9 +198,16 @@ async def generate(request: Request) -> Response:
     max_new = allowed if sp.max_new_tokens is None else min(sp.max_new_tokens, allowed)
     try:
         gen = prepare(
-            sim.recorder, sim.encoding, sim.settings,
-            request_id=rid, protocol="sglang", prompt_ids=prompt, max_tokens=max_new,
-            stop_token_ids=sp.stop_token_ids or [], ignore_eos=sp.ignore_eos, stream=body.stream,
+            sim.recorder,
+            sim.encoding,
+            sim.settings,
+            request_id=rid,
+            protocol="sglang",
+            prompt_ids=prompt,
+            max_tokens=max_new,
+            stop_token_ids=sp.stop_token_ids or [],
+            ignore_eos=sp.ignore_eos,
+            stream=body.stream,
             params=body.model_dump(exclude={"input_ids", "text"}, exclude_none=True),
             check=checks(sp, sim.settings),
         )
@@ -211,8 +216,11 @@ async def generate(request: Request) -> Response:
     except SimRequestError as exc:
         if not body.stream:  # http_server: ValueError -> 400 {"error": {"message"}}
             return JSONResponse(error_body(exc.message, exc.status), status_code=exc.status)
-        refusal = _grammar_abort(rid, len(prompt), exc.message) if isinstance(exc, GrammarRefused) \
+        refusal = (
+            _grammar_abort(rid, len(prompt), exc.message)
+            if isinstance(exc, GrammarRefused)
             else {"error": {"message": exc.message}}
+        )
         return StreamingResponse(_refused(refusal), media_type="text/event-stream")
     if body.stream:
         return StreamingResponse(_stream(sim, gen, sp), media_type="text/event-stream")
@@ -226,8 +234,13 @@ def _abort_finish(message: str, status: int) -> dict[str, Any]:
 def _grammar_abort(rid: str, prompt_tokens: int, message: str) -> dict[str, Any]:
     """The one chunk of a request whose grammar did not compile (FINISH_ABORT, 400)."""
     finish = {**_abort_finish(message, 400), "err_type": "BadRequestError"}
-    meta = {"id": rid, "finish_reason": finish, "prompt_tokens": prompt_tokens,
-            "completion_tokens": 0, "cached_tokens": 0}
+    meta = {
+        "id": rid,
+        "finish_reason": finish,
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+    }
     return {"text": "", "output_ids": [], "meta_info": meta}
 
 
@@ -250,9 +263,13 @@ async def _stream(sim: SimState, gen: Generation, sp: SamplingParams) -> AsyncIt
                 Recorder.mark_finished(record, "error", piece.sent)
                 completed = True
                 finish = _abort_finish(piece.error, 500)
-                yield _dumps({"text": "" if incremental else all_text,
-                              "output_ids": [] if incremental else ids,
-                              "meta_info": _meta(gen, finish, piece.sent)})
+                yield _dumps(
+                    {
+                        "text": "" if incremental else all_text,
+                        "output_ids": [] if incremental else ids,
+                        "meta_info": _meta(gen, finish, piece.sent),
+                    }
+                )
                 break
             delta = piece.token_ids
             if piece.last:
@@ -263,18 +280,23 @@ async def _stream(sim: SimState, gen: Generation, sp: SamplingParams) -> AsyncIt
             if piece.last:
                 Recorder.mark_finished(record, gen.outcome.finish_reason, piece.sent)
                 completed = True
-            yield _dumps({
-                "text": chunk_text if incremental else all_text,
-                "output_ids": delta if incremental else ids,
-                "meta_info": _meta(gen, _finish(gen, piece.sent) if piece.last else None, piece.sent),
-            })
+            yield _dumps(
+                {
+                    "text": chunk_text if incremental else all_text,
+                    "output_ids": delta if incremental else ids,
+                    "meta_info": _meta(gen, _finish(gen, piece.sent) if piece.last else None, piece.sent),
+                }
+            )
         else:
             if not completed:  # POST /abort_request: SGLang answers with an abort finish
                 completed = True
-                yield _dumps({"text": "" if incremental else all_text,
-                              "output_ids": [] if incremental else ids,
-                              "meta_info": _meta(gen, _abort_finish("Abort requested", 200),
-                                                 len(ids))})
+                yield _dumps(
+                    {
+                        "text": "" if incremental else all_text,
+                        "output_ids": [] if incremental else ids,
+                        "meta_info": _meta(gen, _abort_finish("Abort requested", 200), len(ids)),
+                    }
+                )
         yield b"data: [DONE]\n\n"
     finally:
         if not completed:  # the client went away: SGLang aborts the request too
@@ -294,11 +316,13 @@ async def _whole(sim: SimState, gen: Generation, sp: SamplingParams) -> Response
         finish = _finish(gen, len(ids))
         Recorder.mark_finished(gen.record, gen.outcome.finish_reason, len(ids))
     out = _trimmed(gen, ids, sp.no_stop_trim) if finish["type"] == "stop" else ids
-    return JSONResponse({
-        "text": decode_text(sim.encoding, out, sp.skip_special_tokens),
-        "output_ids": out,
-        "meta_info": _meta(gen, finish, len(ids)),
-    })
+    return JSONResponse(
+        {
+            "text": decode_text(sim.encoding, out, sp.skip_special_tokens),
+            "output_ids": out,
+            "meta_info": _meta(gen, finish, len(ids)),
+        }
+    )
 
 
 async def abort_request(request: Request) -> Response:

@@ -63,11 +63,11 @@ class StructuredOutputs(BaseModel):
         fields = self.fields()
         count = sum(fields[k] is not None for k in _CONSTRAINT_KINDS)
         if count > 1:
-            raise ValueError("You can only use one kind of structured outputs constraint but "
-                             f"multiple are specified: {fields}")
+            raise ValueError(
+                f"You can only use one kind of structured outputs constraint but multiple are specified: {fields}"
+            )
         if count < 1:
-            raise ValueError("You must use one kind of structured outputs constraint but none "
-                             f"are specified: {fields}")
+            raise ValueError(f"You must use one kind of structured outputs constraint but none are specified: {fields}")
         return self
 
     def fields(self) -> dict[str, Any]:
@@ -117,14 +117,22 @@ def checks(body: CompletionBody, settings: Settings) -> Check:
     def check(prompt: list[int]) -> Constraint | None:
         n, limit = len(prompt), settings.max_model_len
         if n >= limit:
-            raise _invalid(f"This model's maximum context length is {limit} tokens. However, your "
-                           f"request has {n} input tokens. Please reduce the length of the input "
-                           "messages.", "input_tokens", n)
+            raise _invalid(
+                f"This model's maximum context length is {limit} tokens. However, your "
+                f"request has {n} input tokens. Please reduce the length of the input "
+                "messages.",
+                "input_tokens",
+                n,
+            )
         wanted = body.max_tokens
         if wanted is not None and n + wanted > limit:
-            raise _invalid(f"'max_tokens' or 'max_completion_tokens' is too large: {wanted}. This "
-                           f"model's maximum context length is {limit} tokens and your request "
-                           f"has {n} input tokens ({wanted} > {limit} - {n}).", "max_tokens", wanted)
+            raise _invalid(
+                f"'max_tokens' or 'max_completion_tokens' is too large: {wanted}. This "
+                f"model's maximum context length is {limit} tokens and your request "
+                f"has {n} input tokens ({wanted} > {limit} - {n}).",
+                "max_tokens",
+                wanted,
+            )
         if wanted is not None and wanted < 1:
             raise _invalid(f"max_tokens must be at least 1, got {wanted}.", "max_tokens", wanted)
         for name in ("presence_penalty", "frequency_penalty"):  # vLLM's SamplingParams._verify_args
@@ -201,10 +209,16 @@ async def completions(request: Request) -> Response:
     request_id = body.request_id or request.headers.get("x-request-id") or uuid.uuid4().hex
     try:
         gen = prepare(
-            sim.recorder, sim.encoding, sim.settings,
-            request_id=request_id, protocol="vllm", prompt_ids=prompt,
-            max_tokens=body.max_tokens, stop_token_ids=body.stop_token_ids or [],
-            ignore_eos=body.ignore_eos, stream=body.stream,
+            sim.recorder,
+            sim.encoding,
+            sim.settings,
+            request_id=request_id,
+            protocol="vllm",
+            prompt_ids=prompt,
+            max_tokens=body.max_tokens,
+            stop_token_ids=body.stop_token_ids or [],
+            ignore_eos=body.ignore_eos,
+            stream=body.stream,
             params=body.model_dump(exclude={"prompt"}, exclude_none=True, by_alias=True),
             check=checks(body, sim.settings),
         )
@@ -221,9 +235,7 @@ async def completions(request: Request) -> Response:
     return await _whole(sim, gen, body, head)
 
 
-async def _stream(
-    sim: SimState, gen: Generation, body: CompletionBody, head: dict[str, Any]
-) -> AsyncIterator[bytes]:
+async def _stream(sim: SimState, gen: Generation, body: CompletionBody, head: dict[str, Any]) -> AsyncIterator[bytes]:
     record = gen.record
     with_ids = bool(body.return_token_ids)
     text = IncrementalText(sim.encoding, body.skip_special_tokens)
@@ -262,9 +274,7 @@ async def _stream(
             Recorder.mark_aborted(record)
 
 
-async def _whole(
-    sim: SimState, gen: Generation, body: CompletionBody, head: dict[str, Any]
-) -> Response:
+async def _whole(sim: SimState, gen: Generation, body: CompletionBody, head: dict[str, Any]) -> Response:
     ids: list[int] = []
     async for piece in gen.pieces():
         if piece.error is not None:

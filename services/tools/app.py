@@ -24,8 +24,7 @@ def build_policy(settings: Settings) -> ServerPolicy:
         allow_metadata_addresses=settings.allow_metadata_addresses,
     )
     return ServerPolicy(
-        settings.allowed_servers, settings.builtin_tools, rules=rules,
-        max_header_bytes=settings.max_header_bytes,
+        settings.allowed_servers, settings.builtin_tools, rules=rules, max_header_bytes=settings.max_header_bytes
     )
 
 
@@ -47,7 +46,10 @@ def build_pool(settings: Settings, policy: ServerPolicy, resolve: Resolver) -> S
 
 
 async def run(
-    settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None,
+    settings: Settings,
+    stop: asyncio.Event | None = None,
+    *,
+    ready: asyncio.Event | None = None,
     resolve: Resolver = system_resolver,
 ) -> None:
     """Serve until ``stop`` (or a signal); ``ready`` is set once the handlers are subscribed.
@@ -55,9 +57,7 @@ async def run(
     # the HTTP client logs every request (with its URL) at INFO
     for name in ("httpx2", "httpcore2"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    listings: TtlCache[list[McpToolInfo]] = TtlCache(
-        settings.list_cache_ttl_s, settings.list_cache_max_entries
-    )
+    listings: TtlCache[list[McpToolInfo]] = TtlCache(settings.list_cache_ttl_s, settings.list_cache_max_entries)
     policy = build_policy(settings)  # a bad allowlist entry fails here, at start-up
     async with build_pool(settings, policy, resolve) as pool:
         runner = ToolRunner(settings, policy, pool, listings)

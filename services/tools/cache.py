@@ -37,9 +37,7 @@ def server_key(server_url: str, headers: dict[str, str]) -> ServerKey:
 class TtlCache(Generic[V]):
     """Entries expire ``ttl_s`` after they were put; at most ``max_entries``, oldest out."""
 
-    def __init__(
-        self, ttl_s: float, max_entries: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, ttl_s: float, max_entries: int, clock: Callable[[], float] = time.monotonic) -> None:
         self._ttl_s = ttl_s
         self._max_entries = max_entries
         self._clock = clock

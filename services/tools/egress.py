@@ -81,22 +81,53 @@ def _nets(*cidrs: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, .
     return tuple(ipaddress.ip_network(c) for c in cidrs)
 
 
-_METADATA = frozenset(ipaddress.ip_address(a) for a in (
-    "169.254.169.254", "169.254.170.2", "169.254.170.23", "100.100.100.200", "168.63.129.16",
-    "fd00:ec2::254", "fd00:ec2::23",
-))
+_METADATA = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",
+        "169.254.170.2",
+        "169.254.170.23",
+        "100.100.100.200",
+        "168.63.129.16",
+        "fd00:ec2::254",
+        "fd00:ec2::23",
+    )
+)
 _RANGES: tuple[tuple[AddressKind, tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]], ...] = (
     (AddressKind.LOOPBACK, _nets("127.0.0.0/8", "::1/128")),
     (AddressKind.LINK_LOCAL, _nets("169.254.0.0/16", "fe80::/10")),
-    (AddressKind.PRIVATE, _nets(
-        "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "198.18.0.0/15",
-        "fc00::/7", "fec0::/10", "64:ff9b:1::/48",
-    )),
-    (AddressKind.RESERVED, _nets(
-        "0.0.0.0/8", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "198.51.100.0/24",
-        "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4",
-        "::/128", "100::/64", "2001::/23", "2001:db8::/32", "3fff::/20", "ff00::/8",
-    )),
+    (
+        AddressKind.PRIVATE,
+        _nets(
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "100.64.0.0/10",
+            "198.18.0.0/15",
+            "fc00::/7",
+            "fec0::/10",
+            "64:ff9b:1::/48",
+        ),
+    ),
+    (
+        AddressKind.RESERVED,
+        _nets(
+            "0.0.0.0/8",
+            "192.0.0.0/24",
+            "192.0.2.0/24",
+            "192.88.99.0/24",
+            "198.51.100.0/24",
+            "203.0.113.0/24",
+            "224.0.0.0/4",
+            "240.0.0.0/4",
+            "::/128",
+            "100::/64",
+            "2001::/23",
+            "2001:db8::/32",
+            "3fff::/20",
+            "ff00::/8",
+        ),
+    ),
 )
 _IPV6_GLOBAL = ipaddress.ip_network("2000::/3")
 _IPV4_COMPATIBLE = ipaddress.ip_network("::/96")
@@ -220,9 +251,7 @@ async def resolve_host(host: str, port: int, resolve: Resolver, timeout_s: float
     return addresses
 
 
-def check_addresses(
-    host: str, addresses: Sequence[IPAddress], rules: EgressRules, listing: Listing
-) -> None:
+def check_addresses(host: str, addresses: Sequence[IPAddress], rules: EgressRules, listing: Listing) -> None:
     """Raises ``Refused`` (saying which address and why, for the log) unless every address is
     permitted."""
     refused = [ip for ip in addresses if not permitted(ip, rules, listing)]

@@ -21,8 +21,12 @@ def register(broker: NatsBroker, settings: Settings, runner: ToolRunner) -> None
 
     @broker.subscriber(subjects.tools_list, queue=TOOLS_QUEUE, max_workers=workers)
     async def list_tools(req: ListToolsRequest, msg: NatsMessage) -> ToolsListed | BusError:
-        span = telemetry.child_span("tools/list", msg.headers, SpanKind.SERVER, **{
-            "mcp.method.name": "tools/list", "chorus.mcp.server": req.server.server_label})
+        span = telemetry.child_span(
+            "tools/list",
+            msg.headers,
+            SpanKind.SERVER,
+            **{"mcp.method.name": "tools/list", "chorus.mcp.server": req.server.server_label},
+        )
         try:
             listed = await runner.list_tools(req)
             ended(span, listed)
@@ -32,10 +36,18 @@ def register(broker: NatsBroker, settings: Settings, runner: ToolRunner) -> None
 
     @broker.subscriber(subjects.tools_call, queue=TOOLS_QUEUE, max_workers=workers)
     async def call_tool(req: CallToolRequest, msg: NatsMessage) -> ToolResult | BusError:
-        span = telemetry.child_span(f"execute_tool {req.name}", msg.headers, SpanKind.SERVER, **{
-            telemetry.GEN_AI_OPERATION: "execute_tool", telemetry.GEN_AI_TOOL_NAME: req.name,
-            telemetry.GEN_AI_TOOL_TYPE: "extension", "mcp.method.name": "tools/call",
-            "chorus.mcp.server": req.server.server_label})
+        span = telemetry.child_span(
+            f"execute_tool {req.name}",
+            msg.headers,
+            SpanKind.SERVER,
+            **{
+                telemetry.GEN_AI_OPERATION: "execute_tool",
+                telemetry.GEN_AI_TOOL_NAME: req.name,
+                telemetry.GEN_AI_TOOL_TYPE: "extension",
+                "mcp.method.name": "tools/call",
+                "chorus.mcp.server": req.server.server_label,
+            },
+        )
         try:
             result = await runner.call_tool(req)
             ended(span, result)

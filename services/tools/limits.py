@@ -87,8 +87,7 @@ class ServerGate:
 class RecentlyUnreachable:
     """Servers that could not be reached in the last ``ttl_s`` seconds (``ttl_s`` <= 0: none)."""
 
-    def __init__(self, ttl_s: float, max_entries: int = 4096,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, ttl_s: float, max_entries: int = 4096, clock: Callable[[], float] = time.monotonic) -> None:
         self._ttl_s = ttl_s
         self._max_entries = max_entries
         self._clock = clock

@@ -106,12 +106,9 @@ class CappedTransport(httpx2.AsyncBaseTransport):
         if request.method == "GET":
             return response
         assert isinstance(response.stream, httpx2.AsyncByteStream)
-        capped = _CappedStream(
-            response.stream, self._max_bytes, response.headers.get("content-length", "")
-        )
+        capped = _CappedStream(response.stream, self._max_bytes, response.headers.get("content-length", ""))
         return httpx2.Response(
-            response.status_code, headers=response.headers, stream=capped,
-            extensions=response.extensions,
+            response.status_code, headers=response.headers, stream=capped, extensions=response.extensions
         )
 
     async def aclose(self) -> None:
@@ -140,8 +137,11 @@ class PinnedTransport(httpx2.AsyncBaseTransport):
             extensions["sni_hostname"] = self._tls_name
         for address in list(self._addresses):
             pinned = httpx2.Request(
-                request.method, request.url.copy_with(host=str(address)), headers=request.headers,
-                stream=request.stream, extensions=extensions,
+                request.method,
+                request.url.copy_with(host=str(address)),
+                headers=request.headers,
+                stream=request.stream,
+                extensions=extensions,
             )
             try:
                 response = await self._inner.handle_async_request(pinned)
@@ -197,9 +197,7 @@ def open_client(server: McpServer, opts: ConnectOptions, addresses: Sequence[IPA
     """An (unentered) SDK client for ``server``, connecting only to ``addresses`` (checked for
     its host): streamable HTTP, or SSE for ``.../sse``."""
     headers = dict(server.headers)
-    pin = PinnedTransport(
-        httpx2.AsyncHTTPTransport(trust_env=False), httpx2.URL(server.server_url).host, addresses
-    )
+    pin = PinnedTransport(httpx2.AsyncHTTPTransport(trust_env=False), httpx2.URL(server.server_url).host, addresses)
     if is_sse_url(server.server_url):
 
         def factory(
@@ -210,8 +208,11 @@ def open_client(server: McpServer, opts: ConnectOptions, addresses: Sequence[IPA
             return _http_client(headers or {}, opts, pin)
 
         transport: Any = sse_client(
-            server.server_url, headers=headers, timeout=opts.connect_timeout_s,
-            sse_read_timeout=opts.read_timeout_s, httpx_client_factory=factory,
+            server.server_url,
+            headers=headers,
+            timeout=opts.connect_timeout_s,
+            sse_read_timeout=opts.read_timeout_s,
+            httpx_client_factory=factory,
         )
     else:
         transport = _streamable_http(server.server_url, headers, opts, pin)
@@ -221,9 +222,7 @@ def open_client(server: McpServer, opts: ConnectOptions, addresses: Sequence[IPA
 Connector = Callable[[McpServer], AbstractAsyncContextManager[Client]]
 
 
-def checked_connector(
-    addresses: Callable[[str], Awaitable[Sequence[IPAddress]]], opts: ConnectOptions
-) -> Connector:
+def checked_connector(addresses: Callable[[str], Awaitable[Sequence[IPAddress]]], opts: ConnectOptions) -> Connector:
     """Connects to a server only after ``addresses(url)`` (the policy's resolve-and-check)
     has answered, and only to those addresses."""
 
@@ -357,7 +356,7 @@ class SessionPool:
                 await self._hold(entry)
         except asyncio.CancelledError:
             raise
-        except BaseException as exc:  # (anyio may group errors) a failed connect goes to the callers
+        except BaseException as exc:  # noqa: BLE001 - (anyio may group errors) a failed connect goes to the callers
             if not entry.ready.done():
                 entry.ready.set_exception(exc)
                 entry.ready.exception()  # retrieved: the callers may have gone

@@ -23,24 +23,30 @@ from dataclasses import dataclass
 import httpx2
 
 from contracts.messages.tools import BUILTIN_URL_SCHEME, McpServer
-from services.tools.egress import (
-    EgressRules,
-    IPAddress,
-    Listing,
-    Refused,
-    Resolver,
-    check_addresses,
-    resolve_host,
-)
+from services.tools.egress import EgressRules, IPAddress, Listing, Refused, Resolver, check_addresses, resolve_host
 
 _SCHEMES = ("http", "https")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # headers the MCP transport owns, or that would change how the request travels
-_RESERVED_HEADERS = frozenset({
-    "host", "content-length", "content-type", "accept", "connection", "keep-alive",
-    "transfer-encoding", "te", "trailer", "upgrade", "proxy-authorization", "proxy-connection",
-    "mcp-session-id", "mcp-protocol-version", "last-event-id",
-})
+_RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "accept",
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-connection",
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "last-event-id",
+    }
+)
 _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _ENCODED_SEPARATORS = re.compile(rb"%(2e|2f|5c)", re.IGNORECASE)
 
@@ -139,12 +145,7 @@ class ServerPolicy:
     """The allowlist, the address rules and the built-in servers, built once from settings."""
 
     def __init__(
-        self,
-        allowed_servers: list[str],
-        builtin_tools: dict[str, str],
-        *,
-        rules: EgressRules,
-        max_header_bytes: int,
+        self, allowed_servers: list[str], builtin_tools: dict[str, str], *, rules: EgressRules, max_header_bytes: int
     ) -> None:
         self._builtins = dict(builtin_tools)
         entries = [*allowed_servers, *builtin_tools.values()]

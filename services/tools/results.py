@@ -30,8 +30,9 @@ def parse_arguments(text: str) -> dict[str, Any]:
 
 
 def tool_info(tool: types.Tool) -> McpToolInfo:
-    annotations = tool.annotations.model_dump(mode="json", by_alias=True, exclude_none=True) if (
-        tool.annotations) else None
+    annotations = (
+        tool.annotations.model_dump(mode="json", by_alias=True, exclude_none=True) if (tool.annotations) else None
+    )
     return McpToolInfo(
         name=tool.name,
         description=tool.description,

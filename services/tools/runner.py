@@ -26,13 +26,7 @@ from pydantic import ValidationError
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.items import McpToolInfo
-from contracts.messages.tools import (
-    CallToolRequest,
-    ListToolsRequest,
-    McpServer,
-    ToolResult,
-    ToolsListed,
-)
+from contracts.messages.tools import CallToolRequest, ListToolsRequest, McpServer, ToolResult, ToolsListed
 from services.tools.cache import ServerKey, TtlCache, server_key
 from services.tools.limits import RecentlyUnreachable, ServerBusy, ServerGate
 from services.tools.mcp_client import ConnectFailed, SessionPool
@@ -89,19 +83,14 @@ class ToolRunner:
     """Lists and calls MCP tools; built once at start-up with the policy, cache and pool."""
 
     def __init__(
-        self,
-        settings: Settings,
-        policy: ServerPolicy,
-        pool: SessionPool,
-        listings: TtlCache[list[McpToolInfo]],
+        self, settings: Settings, policy: ServerPolicy, pool: SessionPool, listings: TtlCache[list[McpToolInfo]]
     ) -> None:
         self._settings = settings
         self._policy = policy
         self._pool = pool
         self._listings = listings
         self._gate = ServerGate(
-            settings.max_concurrency_per_server, settings.max_waiting_per_server,
-            settings.server_queue_timeout_s,
+            settings.max_concurrency_per_server, settings.max_waiting_per_server, settings.server_queue_timeout_s
         )
         self._unreachable = RecentlyUnreachable(settings.unreachable_ttl_s)
 
@@ -118,7 +107,8 @@ class ToolRunner:
         timed_out = f"Listing tools timed out after {timeout:g}s: MCP server {server.server_label!r} did not answer"
         try:
             tools = await self._on_server(
-                req.request_id, server, key, timeout, self._list_all, "Could not list tools", timed_out)
+                req.request_id, server, key, timeout, self._list_all, "Could not list tools", timed_out
+            )
         except _Failed as failed:
             return ToolsListed(server_label=server.server_label, tools=[], error=failed.error)
         self._listings.put(key, tools)
@@ -150,15 +140,27 @@ class ToolRunner:
         timed_out = f"Tool {req.name!r} on MCP server {server.server_label!r} timed out after {timeout:g}s"
         try:
             result = await self._on_server(
-                req.request_id, server, key, timeout, lambda client: client.call_tool(req.name, arguments),
-                f"Tool {req.name!r} failed", timed_out)
+                req.request_id,
+                server,
+                key,
+                timeout,
+                lambda client: client.call_tool(req.name, arguments),
+                f"Tool {req.name!r} failed",
+                timed_out,
+            )
         except _Failed as failed:
             return failure_result(failed.error, cap)
         return to_tool_result(result, req.name, cap)
 
     async def _on_server(
-        self, request_id: str, server: McpServer, key: ServerKey, timeout: float,
-        action: Callable[[Client], Awaitable[T]], what: str, timed_out: str,
+        self,
+        request_id: str,
+        server: McpServer,
+        key: ServerKey,
+        timeout: float,
+        action: Callable[[Client], Awaitable[T]],
+        what: str,
+        timed_out: str,
     ) -> T:
         """``action`` on a session with ``server`` within ``timeout`` and the server's limits.
         Raises ``_Failed`` with the caller's error text (and logs the details)."""
@@ -188,7 +190,7 @@ class ToolRunner:
                 error, detail = unreachable_message(label), f"no session within {timeout:g}s"
             else:
                 error, detail = busy_message(label), f"no free slot within {timeout:g}s"
-        except Exception as exc:  # any failure of the server, its transport, or its result
+        except Exception as exc:  # noqa: BLE001 - any failure of the server, its transport, or its result
             if phase == "running":
                 error, detail = _failure(what, server, exc), describe(exc)
             else:  # refused, unreachable, or no handshake: one message for all

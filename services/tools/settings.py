@@ -33,8 +33,7 @@ class Settings(BusSettings):
     )
     allow_loopback: bool = Field(
         default=False,
-        description="Allow MCP servers on loopback addresses (chorus up bound to a loopback "
-        "address turns it on).",
+        description="Allow MCP servers on loopback addresses (chorus up bound to a loopback address turns it on).",
     )
     allow_private_networks: bool = Field(
         default=False,
@@ -59,12 +58,8 @@ class Settings(BusSettings):
     )
 
     # time caps (seconds)
-    connect_timeout_s: float = Field(
-        default=10.0, description="Name lookup, TCP connect and MCP handshake (seconds)."
-    )
-    resolve_timeout_s: float = Field(
-        default=5.0, description="One name lookup, all its A/AAAA answers (seconds)."
-    )
+    connect_timeout_s: float = Field(default=10.0, description="Name lookup, TCP connect and MCP handshake (seconds).")
+    resolve_timeout_s: float = Field(default=5.0, description="One name lookup, all its A/AAAA answers (seconds).")
     list_timeout_s: float = Field(default=30.0, description="A whole tools/list, all pages (seconds).")
     max_call_timeout_s: float = Field(
         default=120.0, description="Upper bound on the timeout a tool call asks for (seconds)."
@@ -82,9 +77,7 @@ class Settings(BusSettings):
     )
 
     # tool listings, cached per (server_url, headers)
-    list_cache_ttl_s: float = Field(
-        default=300.0, description="How long a server's tool listing is cached (seconds)."
-    )
+    list_cache_ttl_s: float = Field(default=300.0, description="How long a server's tool listing is cached (seconds).")
     list_cache_max_entries: int = Field(default=1024, description="Tool listings cached at most.")
     max_list_pages: int = Field(default=50, description="Pages of one tools/list followed at most.")
 
@@ -106,7 +99,5 @@ class Settings(BusSettings):
         default=5.0, description="A call waiting for a server slot fails after this long (seconds)."
     )
     unreachable_ttl_s: float = Field(
-        default=5.0,
-        description="A server that just failed to answer fails fast for this long (seconds; "
-        "0: off).",
+        default=5.0, description="A server that just failed to answer fails fast for this long (seconds; 0: off)."
     )

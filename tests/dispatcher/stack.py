@@ -59,8 +59,10 @@ class Stack:
         await self.bus.publish(self.bus.subjects.cancel, Cancel(generation_id=generation_id))
 
     async def gateway_beat(self, instance: str, interval_s: float, *, stopping: bool = False) -> None:
-        await self.bus.publish(self.bus.subjects.heartbeat("gateway"), Heartbeat(
-            service="gateway", instance=instance, interval_s=interval_s, stopping=stopping))
+        await self.bus.publish(
+            self.bus.subjects.heartbeat("gateway"),
+            Heartbeat(service="gateway", instance=instance, interval_s=interval_s, stopping=stopping),
+        )
 
     async def accepted(self, generation_id: str, timeout: float = 5) -> GenerationAccepted:
         event = await self.events.next(generation_id, timeout)
@@ -94,13 +96,21 @@ async def dispatcher(nats_url: str, namespace: str, engines: list[str], **kw: An
     """The dispatcher's subjects are tapped before it starts; the taps outlive it."""
     settings = Settings(nats_url=nats_url, namespace=namespace, engines=engines, **kw)
     subjects = settings.subjects
-    async with client(nats_url, namespace) as c, \
-            Tap(c.nc, subjects.parser_tokens("p1"), adapter(TokenFrame)) as tokens, \
-            Tap(c.nc, subjects.gateway_events("g1"), adapter(EventFrame)) as events, \
-            Tap(c.nc, subjects.heartbeat("dispatcher"), adapter(Heartbeat)) as beats, \
-            running(run, settings) as stop:
-        yield Stack(c, settings, stop, ByGeneration(tokens, lambda f: f.batches),
-                    ByGeneration(events, lambda f: f.events), beats)
+    async with (
+        client(nats_url, namespace) as c,
+        Tap(c.nc, subjects.parser_tokens("p1"), adapter(TokenFrame)) as tokens,
+        Tap(c.nc, subjects.gateway_events("g1"), adapter(EventFrame)) as events,
+        Tap(c.nc, subjects.heartbeat("dispatcher"), adapter(Heartbeat)) as beats,
+        running(run, settings) as stop,
+    ):
+        yield Stack(
+            c,
+            settings,
+            stop,
+            ByGeneration(tokens, lambda f: f.batches),
+            ByGeneration(events, lambda f: f.events),
+            beats,
+        )
 
 
 def ids(batches: list[TokenBatch]) -> list[int]:
@@ -119,4 +129,3 @@ def check_stream(batches: list[TokenBatch], generation_id: str) -> None:
         assert b.offset == offset, [(x.offset, len(x.token_ids)) for x in batches]
         offset += len(b.token_ids)
     assert [b.done for b in batches] == [False] * (len(batches) - 1) + [True]
-

@@ -8,13 +8,7 @@ from typing import Any
 
 import pytest
 
-from contracts.messages.generate import (
-    GenerateRequest,
-    OutputConstraint,
-    ParseSpec,
-    Route,
-    SamplingParams,
-)
+from contracts.messages.generate import GenerateRequest, OutputConstraint, ParseSpec, Route, SamplingParams
 from services.common.harmony import CALL, RETURN
 from services.dispatcher.engines import make_adapter
 from services.dispatcher.engines.constraints import structural_tag
@@ -26,60 +20,100 @@ SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "require
 ARGS = {"type": "json_schema", "json_schema": {"type": "object"}}
 
 # the final answer is SCHEMA's JSON: three ways the grammar can start
-FINAL_TAG: dict[str, Any] = {"type": "structural_tag", "format": {"type": "or", "elements": [
-    # at the final answer (vLLM applies grammars to gpt-oss only after its final header)
-    {"type": "sequence", "elements": [
-        {"type": "json_schema", "json_schema": SCHEMA},
-        {"type": "any_text"},
-    ]},
-    # at the first output token: free Harmony up to "final<|message|>", then the JSON, then stop
-    {"type": "sequence", "elements": [
-        {"type": "const_string", "value": "<|channel|>"},
-        {"type": "triggered_tags", "triggers": ["final<|message|>"], "tags": [
-            {"type": "tag", "begin": "final<|message|>",
-             "content": {"type": "json_schema", "json_schema": SCHEMA}, "end": ""},
-        ], "at_least_one": False, "stop_after_first": True},
-    ]},
-    # a first message addressed to a tool, recipient first: free
-    {"type": "sequence", "elements": [
-        {"type": "const_string", "value": " to="},
-        {"type": "any_text"},
-    ]},
-]}}
+FINAL_TAG: dict[str, Any] = {
+    "type": "structural_tag",
+    "format": {
+        "type": "or",
+        "elements": [
+            # at the final answer (vLLM applies grammars to gpt-oss only after its final header)
+            {"type": "sequence", "elements": [{"type": "json_schema", "json_schema": SCHEMA}, {"type": "any_text"}]},
+            # at the first output token: free Harmony up to "final<|message|>", then the JSON, then stop
+            {
+                "type": "sequence",
+                "elements": [
+                    {"type": "const_string", "value": "<|channel|>"},
+                    {
+                        "type": "triggered_tags",
+                        "triggers": ["final<|message|>"],
+                        "tags": [
+                            {
+                                "type": "tag",
+                                "begin": "final<|message|>",
+                                "content": {"type": "json_schema", "json_schema": SCHEMA},
+                                "end": "",
+                            }
+                        ],
+                        "at_least_one": False,
+                        "stop_after_first": True,
+                    },
+                ],
+            },
+            # a first message addressed to a tool, recipient first: free
+            {"type": "sequence", "elements": [{"type": "const_string", "value": " to="}, {"type": "any_text"}]},
+        ],
+    },
+}
 
 # a call to functions.get_weather is required, JSON object arguments, analysis first allowed
-TOOL_TAG: dict[str, Any] = {"type": "structural_tag", "format": {"type": "or", "elements": [
-    {"type": "sequence", "elements": [
-        {"type": "or", "elements": [
-            {"type": "tag", "begin": "<|channel|>", "content": {"type": "any_text"}, "end": " to=functions."},
-            {"type": "const_string", "value": " to=functions."},
-        ]},
-        {"type": "or", "elements": [
-            {"type": "sequence", "elements": [
-                {"type": "const_string", "value": "get_weather" + header}, ARGS, {"type": "any_text"},
-            ]}
-            for header in (
-                " <|constrain|>json<|message|>",
-                "<|constrain|>json<|message|>",
-                " json<|message|>",
-                "<|channel|>commentary <|constrain|>json<|message|>",
-                "<|channel|>commentary json<|message|>",
-            )
-        ]},
-    ]},
-    {"type": "sequence", "elements": [
-        {"type": "regex", "pattern": "[^< ]"},
-        {"type": "any_text"},
-    ]},
-]}}
+TOOL_TAG: dict[str, Any] = {
+    "type": "structural_tag",
+    "format": {
+        "type": "or",
+        "elements": [
+            {
+                "type": "sequence",
+                "elements": [
+                    {
+                        "type": "or",
+                        "elements": [
+                            {
+                                "type": "tag",
+                                "begin": "<|channel|>",
+                                "content": {"type": "any_text"},
+                                "end": " to=functions.",
+                            },
+                            {"type": "const_string", "value": " to=functions."},
+                        ],
+                    },
+                    {
+                        "type": "or",
+                        "elements": [
+                            {
+                                "type": "sequence",
+                                "elements": [
+                                    {"type": "const_string", "value": "get_weather" + header},
+                                    ARGS,
+                                    {"type": "any_text"},
+                                ],
+                            }
+                            for header in (
+                                " <|constrain|>json<|message|>",
+                                "<|constrain|>json<|message|>",
+                                " json<|message|>",
+                                "<|channel|>commentary <|constrain|>json<|message|>",
+                                "<|channel|>commentary json<|message|>",
+                            )
+                        ],
+                    },
+                ],
+            },
+            {"type": "sequence", "elements": [{"type": "regex", "pattern": "[^< ]"}, {"type": "any_text"}]},
+        ],
+    },
+}
 
 
 def request(constraint: OutputConstraint | None, **kw: Any) -> GenerateRequest:
     return GenerateRequest(
-        generation_id="g1", model="openai/gpt-oss-20b", prompt_token_ids=[1, 2, 3],
-        stop_token_ids=[RETURN, CALL], parse=ParseSpec(request_id="g1"),
-        route=Route(gateway="g", parser="p"), deadline=2e9,
-        sampling=SamplingParams(constraint=constraint), **kw,
+        generation_id="g1",
+        model="openai/gpt-oss-20b",
+        prompt_token_ids=[1, 2, 3],
+        stop_token_ids=[RETURN, CALL],
+        parse=ParseSpec(request_id="g1"),
+        route=Route(gateway="g", parser="p"),
+        deadline=2e9,
+        sampling=SamplingParams(constraint=constraint),
+        **kw,
     )
 
 
@@ -130,12 +164,15 @@ def test_text_mode_gets_no_grammar(kind: str) -> None:
     assert not {"structured_outputs", "structural_tag", "response_format", "guided_json"} & set(body)
 
 
-@pytest.mark.parametrize(("constraint", "expected"), [
-    (OutputConstraint(final_schema=SCHEMA), Constraint(final_schema=SCHEMA)),
-    (OutputConstraint(final_schema={"type": "object"}), Constraint(final_schema={"type": "object"})),
-    (OutputConstraint(tools=["get_weather", "get", "get_weather"]), Constraint(tools=("get_weather", "get"))),
-    (OutputConstraint(tools=["search"], namespace="docs"), Constraint(tools=("search",), namespace="docs")),
-])
+@pytest.mark.parametrize(
+    ("constraint", "expected"),
+    [
+        (OutputConstraint(final_schema=SCHEMA), Constraint(final_schema=SCHEMA)),
+        (OutputConstraint(final_schema={"type": "object"}), Constraint(final_schema={"type": "object"})),
+        (OutputConstraint(tools=["get_weather", "get", "get_weather"]), Constraint(tools=("get_weather", "get"))),
+        (OutputConstraint(tools=["search"], namespace="docs"), Constraint(tools=("search",), namespace="docs")),
+    ],
+)
 def test_the_engines_take_the_tags(constraint: OutputConstraint, expected: Constraint) -> None:
     """The simulator's xgrammar rules accept every tag, and read back what it asks."""
     tag = structural_tag(constraint)

@@ -21,21 +21,36 @@ from services.dispatcher.settings import Settings
 from services.dispatcher.workers import RoundRobin, parse_workers
 
 REQ = GenerateRequest(
-    generation_id="r1", model="openai/gpt-oss-20b", prompt_token_ids=[1, 2, 3],
-    stop_token_ids=[RETURN, CALL], parse=ParseSpec(request_id="r1"),
-    route=Route(gateway="g", parser="p"), deadline=2e9,
-    sampling=SamplingParams(temperature=0.5, top_p=0.9, presence_penalty=0.5, frequency_penalty=-0.25, seed=7,
-                            stop=["END"]),
+    generation_id="r1",
+    model="openai/gpt-oss-20b",
+    prompt_token_ids=[1, 2, 3],
+    stop_token_ids=[RETURN, CALL],
+    parse=ParseSpec(request_id="r1"),
+    route=Route(gateway="g", parser="p"),
+    deadline=2e9,
+    sampling=SamplingParams(
+        temperature=0.5, top_p=0.9, presence_penalty=0.5, frequency_penalty=-0.25, seed=7, stop=["END"]
+    ),
 )
 
 
 def test_vllm_body_is_the_reference_shape() -> None:
     body = completion_body(REQ)
     assert body == {
-        "model": "openai/gpt-oss-20b", "prompt": [1, 2, 3], "max_tokens": None, "stream": True,
-        "stream_options": {"include_usage": True}, "return_token_ids": True,
-        "skip_special_tokens": False, "stop_token_ids": [RETURN, CALL], "request_id": "r1",
-        "temperature": 0.5, "top_p": 0.9, "presence_penalty": 0.5, "frequency_penalty": -0.25, "seed": 7,
+        "model": "openai/gpt-oss-20b",
+        "prompt": [1, 2, 3],
+        "max_tokens": None,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "stop_token_ids": [RETURN, CALL],
+        "request_id": "r1",
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.25,
+        "seed": 7,
         "stop": ["END"],
     }
 
@@ -81,9 +96,18 @@ def test_vllm_decoder_stop_tokens_and_usage() -> None:
     assert fed(dec, _vllm([5, 6])).token_ids == [5, 6]
     end = fed(dec, _vllm([7, RETURN], "stop", None))
     assert (end.finish_reason, end.stop_token_id, end.token_ids) == ("stop", RETURN, [7, RETURN])
-    usage = fed(dec, {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4,
-                                               "prompt_tokens_details": {"cached_tokens": 2}}})
-    assert usage.usage is not None and usage.usage.model_dump() == {"prompt_tokens": 3, "completion_tokens": 4, "cached_tokens": 2}
+    usage = fed(
+        dec,
+        {
+            "choices": [],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 4, "prompt_tokens_details": {"cached_tokens": 2}},
+        },
+    )
+    assert usage.usage is not None and usage.usage.model_dump() == {
+        "prompt_tokens": 3,
+        "completion_tokens": 4,
+        "cached_tokens": 2,
+    }
     call = fed(VllmDecoder([RETURN, CALL]), _vllm([9, CALL], "stop", CALL))
     assert call.stop_token_id == CALL and call.token_ids == [9, CALL]
     # a finish chunk without the stop id in token_ids: the stop token still ends the stream
@@ -101,16 +125,27 @@ def test_vllm_decoder_without_token_ids_is_an_error() -> None:
 
 
 def _sg(ids: list[int], completion: int, finish: Any = None) -> dict[str, Any]:
-    return {"text": "", "output_ids": ids,
-            "meta_info": {"id": "r", "finish_reason": finish, "prompt_tokens": 3,
-                          "completion_tokens": completion, "cached_tokens": 0}}
+    return {
+        "text": "",
+        "output_ids": ids,
+        "meta_info": {
+            "id": "r",
+            "finish_reason": finish,
+            "prompt_tokens": 3,
+            "completion_tokens": completion,
+            "cached_tokens": 0,
+        },
+    }
 
 
 @pytest.mark.parametrize("mode", ["auto", "cumulative"])
 def test_sglang_cumulative(mode: Mode) -> None:
     dec = SglangDecoder(mode)
-    got = [fed(dec, _sg([1], 1)), fed(dec, _sg([1, 2, 3], 3)),
-           fed(dec, _sg([1, 2, 3, RETURN], 4, {"type": "stop", "matched": RETURN}))]
+    got = [
+        fed(dec, _sg([1], 1)),
+        fed(dec, _sg([1, 2, 3], 3)),
+        fed(dec, _sg([1, 2, 3, RETURN], 4, {"type": "stop", "matched": RETURN})),
+    ]
     assert [c.token_ids for c in got] == [[1], [2, 3], [RETURN]]
     assert got[-1].finish_reason == "stop" and got[-1].stop_token_id == RETURN
     assert got[-1].usage is not None and got[-1].usage.completion_tokens == 4
@@ -119,8 +154,12 @@ def test_sglang_cumulative(mode: Mode) -> None:
 @pytest.mark.parametrize("mode", ["auto", "incremental"])
 def test_sglang_incremental(mode: Mode) -> None:
     dec = SglangDecoder(mode)
-    got = [fed(dec, _sg([1], 1)), fed(dec, _sg([2, 3], 3)), fed(dec, _sg([1], 4)),
-           fed(dec, _sg([CALL], 5, {"type": "stop", "matched": CALL}))]
+    got = [
+        fed(dec, _sg([1], 1)),
+        fed(dec, _sg([2, 3], 3)),
+        fed(dec, _sg([1], 4)),
+        fed(dec, _sg([CALL], 5, {"type": "stop", "matched": CALL})),
+    ]
     assert [c.token_ids for c in got] == [[1], [2, 3], [1], [CALL]]
     assert got[-1].stop_token_id == CALL
 
@@ -142,8 +181,7 @@ def test_sglang_length_and_abort() -> None:
     aborted = fed(SglangDecoder("auto"), _sg([1], 1, {"type": "abort", "message": "boom"}))
     assert aborted.error is not None and aborted.error.code == ErrorCode.ENGINE_ERROR
     assert aborted.error.message == "boom"
-    bad = fed(SglangDecoder("auto"), _sg([], 0, {"type": "abort", "message": "input is too long",
-                                                 "status_code": 400}))
+    bad = fed(SglangDecoder("auto"), _sg([], 0, {"type": "abort", "message": "input is too long", "status_code": 400}))
     assert bad.error is not None and bad.error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
 
 
@@ -166,7 +204,9 @@ def test_stream_error_events_say_whose_fault() -> None:
     refusing the request (a ValueError: the caller's), vLLM's carry one."""
     from services.dispatcher.engines.stream import decode_event
 
-    context = b'{"error": {"message": "Requested token count exceeds the model\'s maximum context length of 8 tokens."}}'
+    context = (
+        b'{"error": {"message": "Requested token count exceeds the model\'s maximum context length of 8 tokens."}}'
+    )
     chunk = decode_event(SglangDecoder("auto"), context)
     assert chunk is not None and chunk.finish_reason == "error" and chunk.error is not None
     assert chunk.error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED and not chunk.error.retryable
@@ -231,9 +271,7 @@ def chunked_output(draw: st.DrawFn) -> tuple[list[int], list[int]]:
 
 @settings(max_examples=200, deadline=None)
 @given(chunked_output(), st.booleans(), st.booleans())
-def test_sglang_auto_mode_recovers_any_stream(
-    case: tuple[list[int], list[int]], incremental: bool, trim: bool
-) -> None:
+def test_sglang_auto_mode_recovers_any_stream(case: tuple[list[int], list[int]], incremental: bool, trim: bool) -> None:
     """Whatever the chunking, auto mode reads back exactly the ids the engine generated, from
     cumulative or incremental streams, with or without the stop token trimmed."""
     ids, sizes = case
@@ -254,14 +292,33 @@ def test_sglang_auto_mode_recovers_any_stream(
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-        st.sampled_from(["choices", "usage", "token_ids", "finish_reason", "stop_reason",
-                         "output_ids", "meta_info", "completion_tokens", "type", "matched"]),
-        inner, max_size=4),
-    max_leaves=12,
-))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+        lambda inner: (
+            st.lists(inner, max_size=3)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "choices",
+                        "usage",
+                        "token_ids",
+                        "finish_reason",
+                        "stop_reason",
+                        "output_ids",
+                        "meta_info",
+                        "completion_tokens",
+                        "type",
+                        "matched",
+                    ]
+                ),
+                inner,
+                max_size=4,
+            )
+        ),
+        max_leaves=12,
+    )
+)
 def test_decoders_never_raise_on_odd_events(event: object) -> None:
     """Engine output is not trusted: odd events give a chunk, nothing, or an error chunk."""
     from services.dispatcher.engines.stream import decode_event

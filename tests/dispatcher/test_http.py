@@ -15,13 +15,7 @@ import orjson
 import pytest
 
 from services.common.infra import free_port
-from services.dispatcher.engines.http import (
-    AcceptTimeout,
-    BadResponse,
-    ConnectFailed,
-    ConnectionBroken,
-    ReadTimeout,
-)
+from services.dispatcher.engines.http import AcceptTimeout, BadResponse, ConnectFailed, ConnectionBroken, ReadTimeout
 from services.simengine.app import RunningSim, serving
 from services.simengine.settings import Settings as SimSettings
 from tests.dispatcher.tiny_server import (
@@ -43,19 +37,18 @@ from tests.simengine.prompts import user_prompt
 async def chunked_body() -> None:
     """A chunked stream arrives whole, whatever the reads cut it into; the request is a
     POST with the JSON body and its length."""
-    events = [b"data: {\"n\": %d}\n\n" % i for i in range(20)] + [b"data: [DONE]\n\n"]
+    events = [b'data: {"n": %d}\n\n' % i for i in range(20)] + [b"data: [DONE]\n\n"]
     wire = SSE_HEAD + b"".join(chunk(e) for e in events) + b"0\r\n\r\n"
 
     async def answer(server: Tiny, writer: asyncio.StreamWriter, n: int) -> bool:
         for i in range(0, len(wire), 7):  # cut anywhere: chunk sizes, CRLFs, headers
-            writer.write(wire[i:i + 7])
+            writer.write(wire[i : i + 7])
             await writer.drain()
         return True
 
     got = bytearray()
     async with tiny(answer) as server, client() as http:
-        stream = await http.stream(f"{server.url}/v1/completions?x=1", b'{"a": 1}',
-                                   accept_timeout=5, read_timeout=5)
+        stream = await http.stream(f"{server.url}/v1/completions?x=1", b'{"a": 1}', accept_timeout=5, read_timeout=5)
         assert stream.status == 200 and stream.headers["content-type"] == "text/event-stream"
         stream.start(got.extend)
         await stream.done
@@ -64,7 +57,8 @@ async def chunked_body() -> None:
     port = server.url.rsplit(":", 1)[1]
     assert server.requests == [
         b"POST /v1/completions?x=1 HTTP/1.1\r\nHost: 127.0.0.1:%s\r\n"
-        b"Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"a\": 1}" % port.encode()]
+        b'Content-Type: application/json\r\nContent-Length: 8\r\n\r\n{"a": 1}' % port.encode()
+    ]
 
 
 async def content_length_body() -> None:
@@ -238,8 +232,17 @@ async def consumer_failure() -> None:
 
 
 SCENARIOS = [
-    chunked_body, content_length_body, body_until_close, informational_first, not_http,
-    reset_mid_body, never_answers, stalls, closed_before_answering, refused, consumer_failure,
+    chunked_body,
+    content_length_body,
+    body_until_close,
+    informational_first,
+    not_http,
+    reset_mid_body,
+    never_answers,
+    stalls,
+    closed_before_answering,
+    refused,
+    consumer_failure,
 ]
 
 
@@ -265,8 +268,9 @@ async def sim() -> AsyncIterator[RunningSim]:
 async def test_against_the_simulated_engine(sim: RunningSim) -> None:
     """Health, a chunked completion stream to its ``[DONE]``, an error status read whole; all
     on one kept connection."""
-    body = orjson.dumps({"model": "m", "prompt": user_prompt("hi"), "stream": True,
-                         "return_token_ids": True, "max_tokens": 8})
+    body = orjson.dumps(
+        {"model": "m", "prompt": user_prompt("hi"), "stream": True, "return_token_ids": True, "max_tokens": 8}
+    )
     async with client() as http:
         assert (await http.request("GET", f"{sim.url}/health", timeout=5))[0] == 200
         for _ in range(2):

@@ -16,16 +16,7 @@ from pathlib import Path
 import pytest
 
 from services.dispatcher.engines.http import AcceptTimeout, ConnectFailed
-from tests.dispatcher.tiny_server import (
-    SSE_HEAD,
-    Tiny,
-    answer_with,
-    chunk,
-    client,
-    kept,
-    on_uvloop,
-    tiny,
-)
+from tests.dispatcher.tiny_server import SSE_HEAD, Tiny, answer_with, chunk, client, kept, on_uvloop, tiny
 
 
 # scripted cases (each runs on asyncio and on uvloop) ----------------------------------------
@@ -117,8 +108,12 @@ async def connection_limit() -> None:
 
 
 SCENARIOS = [
-    keep_alive, idle_closed_by_the_engine, closed_as_it_is_reused, cut_short_is_not_reused,
-    connection_close_header, connection_limit,
+    keep_alive,
+    idle_closed_by_the_engine,
+    closed_as_it_is_reused,
+    cut_short_is_not_reused,
+    connection_close_header,
+    connection_limit,
 ]
 
 
@@ -145,20 +140,26 @@ def self_signed() -> tuple[ssl.SSLContext, ssl.SSLContext]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=1))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     pem = cert.public_bytes(serialization.Encoding.PEM)
     with tempfile.TemporaryDirectory() as tmp:
         cert_path, key_path = Path(tmp) / "cert.pem", Path(tmp) / "key.pem"
         cert_path.write_bytes(pem)
-        key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                               serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+        key_path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
         server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         server.load_cert_chain(cert_path, key_path)
     return server, ssl.create_default_context(cadata=pem.decode())
@@ -174,4 +175,3 @@ async def test_https() -> None:
     async with tiny(kept, ssl_context=server_ctx) as server, client() as http:  # not trusted
         with pytest.raises(ConnectFailed, match="SSL"):
             await http.request("GET", f"{server.url}/x", timeout=5)
-

@@ -11,13 +11,7 @@ import orjson
 import pytest
 
 from contracts.errors import ErrorCode
-from contracts.messages.generate import (
-    GenerateRequest,
-    ParseSpec,
-    Route,
-    SamplingParams,
-    TokenBatch,
-)
+from contracts.messages.generate import GenerateRequest, ParseSpec, Route, SamplingParams, TokenBatch
 from services.dispatcher.batches import BatchWriter, relay
 from services.dispatcher.engines import make_adapter
 from services.dispatcher.engines.http import EngineHttp
@@ -32,14 +26,20 @@ def vllm_event(ids: list[int], finish: str | None = None) -> bytes:
 
 def generate_request(rid: str) -> GenerateRequest:
     return GenerateRequest(
-        generation_id=rid, model="openai/gpt-oss-20b", prompt_token_ids=[1, 2, 3],
-        stop_token_ids=[200002], parse=ParseSpec(request_id=rid),
-        route=Route(gateway="g", parser="p"), deadline=2e9, sampling=SamplingParams(),
+        generation_id=rid,
+        model="openai/gpt-oss-20b",
+        prompt_token_ids=[1, 2, 3],
+        stop_token_ids=[200002],
+        parse=ParseSpec(request_id=rid),
+        route=Route(gateway="g", parser="p"),
+        deadline=2e9,
+        sampling=SamplingParams(),
     )
 
 
-async def relay_from(server: Tiny, http: EngineHttp, *, read_timeout: float = 5,
-                     on_batch: Callable[[TokenBatch], None] | None = None) -> list[TokenBatch]:
+async def relay_from(
+    server: Tiny, http: EngineHttp, *, read_timeout: float = 5, on_batch: Callable[[TokenBatch], None] | None = None
+) -> list[TokenBatch]:
     req = generate_request("r1")
     batches: list[TokenBatch] = []
 
@@ -48,8 +48,7 @@ async def relay_from(server: Tiny, http: EngineHttp, *, read_timeout: float = 5,
         if on_batch is not None:
             on_batch(batch)
 
-    stream = await open_stream(http, server.url, make_adapter("vllm"), req,
-                               accept_timeout=5, read_timeout=read_timeout)
+    stream = await open_stream(http, server.url, make_adapter("vllm"), req, accept_timeout=5, read_timeout=read_timeout)
     try:
         await relay(stream, BatchWriter(put, req))
     finally:

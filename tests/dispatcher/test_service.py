@@ -27,9 +27,7 @@ async def sim() -> AsyncIterator[RunningSim]:
         yield running_sim
 
 
-async def test_stop_ends_streams_in_hand_as_retryable(
-    nats_url: str, namespace: str, sim: RunningSim
-) -> None:
+async def test_stop_ends_streams_in_hand_as_retryable(nats_url: str, namespace: str, sim: RunningSim) -> None:
     """Draining waits for streams in hand up to drain_timeout_s; what is left then ends with
     a retryable error (the gateway continues it elsewhere) and is aborted in the engine."""
     g = new_id("stop")
@@ -90,18 +88,20 @@ async def test_many_concurrent_requests(nats_url: str, namespace: str, sim: Runn
     assert d.tokens.frames < d.tokens.items, (d.tokens.frames, d.tokens.items)
 
 
-async def test_garbage_on_the_bus_does_not_stop_the_service(
-    nats_url: str, namespace: str, sim: RunningSim
-) -> None:
+async def test_garbage_on_the_bus_does_not_stop_the_service(nats_url: str, namespace: str, sim: RunningSim) -> None:
     """Unreadable or wrong-typed messages are dropped (nobody hears of them); the next
     request is served."""
     ok = new_id("ok")
     wrong_type = generate_request(new_id("bad"), user_prompt("hi")).model_dump(mode="json")
     wrong_type["prompt_token_ids"] = "not a list"
     async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as d:
-        for payload in (b"garbage", b"[]", b'{"kind": "generate"}',
-                        Cancel(generation_id=new_id("cancel")).model_dump_json().encode(),
-                        TokenFrame(batches=[]).model_dump_json().encode()):
+        for payload in (
+            b"garbage",
+            b"[]",
+            b'{"kind": "generate"}',
+            Cancel(generation_id=new_id("cancel")).model_dump_json().encode(),
+            TokenFrame(batches=[]).model_dump_json().encode(),
+        ):
             await d.send(payload)
         await d.send(json.dumps(wrong_type).encode())
         await d.bus.publish(d.bus.subjects.cancel, b"garbage")

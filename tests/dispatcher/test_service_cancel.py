@@ -30,9 +30,7 @@ async def sim() -> AsyncIterator[RunningSim]:
 
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
-async def test_cancel_aborts_the_engine_request(
-    nats_url: str, namespace: str, sim: RunningSim, kind: str
-) -> None:
+async def test_cancel_aborts_the_engine_request(nats_url: str, namespace: str, sim: RunningSim, kind: str) -> None:
     g = new_id(f"cancel-{kind}")
     async with dispatcher(nats_url, namespace, [f"{kind}={sim.url}"]) as d:
         await d.send(generate_request(g, user_prompt(SLOW)))
@@ -51,9 +49,7 @@ async def test_cancel_aborts_the_engine_request(
     assert last.usage is not None and last.usage.completion_tokens == len(ids([first, *rest]))
 
 
-async def test_given_up_requests_are_never_started(
-    nats_url: str, namespace: str, sim: RunningSim
-) -> None:
+async def test_given_up_requests_are_never_started(nats_url: str, namespace: str, sim: RunningSim) -> None:
     """A cancel heard before the request, or a deadline already past: dropped, the engine
     never sees it, nobody hears of it."""
     early, late, fine = new_id("early"), new_id("late"), new_id("fine")
@@ -95,9 +91,7 @@ async def test_cancel_before_the_stream_task_runs(sim: RunningSim) -> None:
     assert fake.sent == [] and sim.recorder.get(g) is None
 
 
-async def test_gateway_death_aborts_its_generations(
-    nats_url: str, namespace: str, sim: RunningSim
-) -> None:
+async def test_gateway_death_aborts_its_generations(nats_url: str, namespace: str, sim: RunningSim) -> None:
     """g1 says it stops (its last beat): its generations are aborted in the engine at once and
     ended for the parser; g2's goes on."""
     a, b = new_id("of-g1"), new_id("of-g2")
@@ -140,4 +134,3 @@ async def still_streaming(d: Stack, sim: RunningSim, generation_id: str) -> None
     assert record is not None and not record.aborted
     await d.cancel(generation_id)
     assert (await d.stream(generation_id))[-1].finish_reason == "abort"
-

@@ -33,9 +33,7 @@ def dead_url() -> Iterator[str]:
         yield f"http://127.0.0.1:{sock.getsockname()[1]}"
 
 
-async def test_engine_down_is_engine_unavailable_quickly(
-    nats_url: str, namespace: str, dead_url: str
-) -> None:
+async def test_engine_down_is_engine_unavailable_quickly(nats_url: str, namespace: str, dead_url: str) -> None:
     g = new_id("down")
     async with dispatcher(nats_url, namespace, [f"vllm={dead_url}"]) as d:
         t0 = time.monotonic()
@@ -55,8 +53,7 @@ async def test_next_healthy_worker_is_tried(nats_url: str, namespace: str, sim: 
     doomed = await doomed_cm.__aenter__()
     gone = False
     try:
-        async with dispatcher(nats_url, namespace, [f"vllm={doomed.url}", f"sim={sim.url}"],
-                              health_interval_s=60) as d:
+        async with dispatcher(nats_url, namespace, [f"vllm={doomed.url}", f"sim={sim.url}"], health_interval_s=60) as d:
             assert (await d.beat()).detail.startswith("2/2")
             await doomed_cm.__aexit__(None, None, None)
             gone = True
@@ -84,9 +81,7 @@ async def test_engine_http_errors(nats_url: str, namespace: str, sim: RunningSim
         assert not d.tokens.of[e503] and not d.tokens.of[e400]
 
 
-async def test_mid_stream_error_ends_with_an_error_batch(
-    nats_url: str, namespace: str, sim: RunningSim
-) -> None:
+async def test_mid_stream_error_ends_with_an_error_batch(nats_url: str, namespace: str, sim: RunningSim) -> None:
     g = new_id("mid")
     async with dispatcher(nats_url, namespace, [f"vllm={sim.url}"]) as d:
         await d.send(generate_request(g, user_prompt("x [[sim:error_after=6]]")))
@@ -115,9 +110,7 @@ async def test_max_tokens_and_context_length(nats_url: str, namespace: str, sim:
     assert failed.error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
 
 
-async def test_heartbeat_follows_the_engines(
-    nats_url: str, namespace: str, sim: RunningSim, dead_url: str
-) -> None:
+async def test_heartbeat_follows_the_engines(nats_url: str, namespace: str, sim: RunningSim, dead_url: str) -> None:
     """The first beat already reflects the engines' health (the first poll came first)."""
     async with dispatcher(nats_url, namespace, [f"sim={sim.url}"]) as d:
         beat = await d.beat()
@@ -127,4 +120,3 @@ async def test_heartbeat_follows_the_engines(
         beat = await d.beat()
     assert not beat.ready
     assert beat.detail.startswith("0/1") and dead_url in beat.detail
-

@@ -90,4 +90,3 @@ async def test_resume_continues_an_interrupted_output(
     assert ids(clipped) == expected[: k + 3] and clipped[-1].finish_reason == "length"
     assert clipped[-1].usage is not None
     assert (clipped[-1].usage.prompt_tokens, clipped[-1].usage.completion_tokens) == (len(TOOL_PROMPT), k + 3)
-

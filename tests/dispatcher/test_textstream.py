@@ -40,9 +40,11 @@ def test_any_chunking_gives_the_same_harmony(text: str, cuts: list[int]) -> None
 def test_shapes() -> None:
     assert ENC.decode(convert(TEXTS[1], [])) == (
         "<|channel|>analysis<|message|>Let me think about <b>tags</b>.<|end|>"
-        "<|start|>assistant<|channel|>final<|message|>The answer is 4.<|return|>")
+        "<|start|>assistant<|channel|>final<|message|>The answer is 4.<|return|>"
+    )
     assert ENC.decode(convert(TEXTS[2], [])) == f"<|channel|>final<|message|>{TEXTS[2]}<|return|>"
     tk = TextToHarmonyTokens(ENC)
     ids = tk.reasoning("Why.") + tk.content("Because.") + tk.finish("stop")
-    assert ENC.decode(ids) == ("<|channel|>analysis<|message|>Why.<|end|>"
-                               "<|start|>assistant<|channel|>final<|message|>Because.<|return|>")
+    assert ENC.decode(ids) == (
+        "<|channel|>analysis<|message|>Why.<|end|><|start|>assistant<|channel|>final<|message|>Because.<|return|>"
+    )

@@ -18,8 +18,7 @@ import uvloop
 
 from services.dispatcher.engines.http import EngineHttp
 
-SSE_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-            b"transfer-encoding: chunked\r\n\r\n")
+SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
 
 
 def chunk(data: bytes) -> bytes:
@@ -71,8 +70,9 @@ class Tiny:
 
 
 @contextlib.asynccontextmanager
-async def tiny(answer: Callable[[Tiny, asyncio.StreamWriter, int], Awaitable[bool]],
-               ssl_context: ssl.SSLContext | None = None) -> AsyncIterator[Tiny]:
+async def tiny(
+    answer: Callable[[Tiny, asyncio.StreamWriter, int], Awaitable[bool]], ssl_context: ssl.SSLContext | None = None
+) -> AsyncIterator[Tiny]:
     state = Tiny(answer)
     server = await asyncio.start_server(state.handle, "127.0.0.1", 0, ssl=ssl_context)
     port = server.sockets[0].getsockname()[1]

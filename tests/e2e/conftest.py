@@ -61,12 +61,14 @@ class RunningStack:
     redis_url: str = ""
 
     def client(self, **kw: Any) -> openai.OpenAI:
-        return openai.OpenAI(**{"base_url": f"{self.base_url}/v1", "api_key": "chorus", "max_retries": 0,
-                                "timeout": 30, **kw})
+        return openai.OpenAI(
+            **{"base_url": f"{self.base_url}/v1", "api_key": "chorus", "max_retries": 0, "timeout": 30, **kw}
+        )
 
     def async_client(self, **kw: Any) -> openai.AsyncOpenAI:
-        return openai.AsyncOpenAI(**{"base_url": f"{self.base_url}/v1", "api_key": "chorus",
-                                     "max_retries": 0, "timeout": 30, **kw})
+        return openai.AsyncOpenAI(
+            **{"base_url": f"{self.base_url}/v1", "api_key": "chorus", "max_retries": 0, "timeout": 30, **kw}
+        )
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.base_url, timeout=30)
@@ -170,11 +172,17 @@ def _health(base_url: str) -> tuple[int, dict[str, Any]]:
         return 0, {}
 
 
-def start_sim_engine(protocol: str, incremental: bool = False, log_dir: Path | None = None,
-                     port: int | None = None) -> tuple[ManagedProcess, str]:
+def start_sim_engine(
+    protocol: str, incremental: bool = False, log_dir: Path | None = None, port: int | None = None
+) -> tuple[ManagedProcess, str]:
     port = port or free_port()
-    env = {**os.environ, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(port),
-           "CHORUS_SIM_PROTOCOL": protocol, "CHORUS_SIM_SGLANG_INCREMENTAL": "true" if incremental else "false"}
+    env = {
+        **os.environ,
+        "CHORUS_SIM_HOST": "127.0.0.1",
+        "CHORUS_SIM_PORT": str(port),
+        "CHORUS_SIM_PROTOCOL": protocol,
+        "CHORUS_SIM_SGLANG_INCREMENTAL": "true" if incremental else "false",
+    }
     proc = ManagedProcess("sim-engine", [sys.executable, "-m", "services.cli", "serve", "sim-engine"])
     out = open(log_dir / "sim-engine.log", "ab") if log_dir else subprocess.DEVNULL  # noqa: SIM115
     proc.proc = subprocess.Popen(proc.args, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -182,16 +190,42 @@ def start_sim_engine(protocol: str, incremental: bool = False, log_dir: Path | N
     return proc, f"http://127.0.0.1:{port}"
 
 
-def start_stack(name: str, nats_url: str, redis_url: str, *, engines: list[str] | None = None,
-                engine_url: str | None = None, expect_ready: bool = True,
-                extra_args: list[str] | None = None, extra: list[ManagedProcess] | None = None,
-                env: dict[str, str] | None = None) -> RunningStack:
+def start_stack(
+    name: str,
+    nats_url: str,
+    redis_url: str,
+    *,
+    engines: list[str] | None = None,
+    engine_url: str | None = None,
+    expect_ready: bool = True,
+    extra_args: list[str] | None = None,
+    extra: list[ManagedProcess] | None = None,
+    env: dict[str, str] | None = None,
+) -> RunningStack:
     port = free_port()
     namespace = f"e2e{uuid.uuid4().hex[:8]}"
     log_dir = Path(tempfile.mkdtemp(prefix=f"chorus-{name}-", dir=LOGS.root))
-    args = [sys.executable, "-m", "services.cli", "up", "--port", str(port), "--namespace", namespace,
-            "--nats-url", nats_url, "--redis-url", redis_url, "--log-dir", str(log_dir),
-            "--model", MODEL, "--parser-workers", "2", *(extra_args or [])]
+    args = [
+        sys.executable,
+        "-m",
+        "services.cli",
+        "up",
+        "--port",
+        str(port),
+        "--namespace",
+        namespace,
+        "--nats-url",
+        nats_url,
+        "--redis-url",
+        redis_url,
+        "--log-dir",
+        str(log_dir),
+        "--model",
+        MODEL,
+        "--parser-workers",
+        "2",
+        *(extra_args or []),
+    ]
     if engines:
         for e in engines:
             args += ["--engine", e]
@@ -199,17 +233,24 @@ def start_stack(name: str, nats_url: str, redis_url: str, *, engines: list[str] 
         sim_port = free_port()
         args += ["--sim-port", str(sim_port)]
         engine_url = f"http://127.0.0.1:{sim_port}"
-    proc = subprocess.Popen(args, stdout=open(log_dir / "up.log", "ab"), stderr=subprocess.STDOUT,  # noqa: SIM115
-                            env={**os.environ, **(env or {})})
-    stack = RunningStack(name, f"http://127.0.0.1:{port}", namespace, log_dir, proc, engine_url,
-                         extra or [], nats_url, redis_url)
+    proc = subprocess.Popen(
+        args,
+        stdout=open(log_dir / "up.log", "ab"),  # noqa: SIM115 - the process holds it
+        stderr=subprocess.STDOUT,
+        env={**os.environ, **(env or {})},
+    )
+    stack = RunningStack(
+        name, f"http://127.0.0.1:{port}", namespace, log_dir, proc, engine_url, extra or [], nats_url, redis_url
+    )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             stack.stop()
             raise RuntimeError(f"chorus up exited with {proc.returncode}\n{stack.logs()}")
         status, body = _health(stack.base_url)
-        if status == 200 or (not expect_ready and status == 503 and body.get("services", {}).get("parser", {}).get("ready")):
+        if status == 200 or (
+            not expect_ready and status == 503 and body.get("services", {}).get("parser", {}).get("ready")
+        ):
             return stack
         time.sleep(0.1)
     stack.stop()
@@ -234,20 +275,28 @@ class Stacks:
             return start_stack(name, self.nats_url, self.redis_url)
         if name in ("sglang", "sglang-incremental"):
             sim, url = start_sim_engine("sglang", incremental=name.endswith("incremental"))
-            return start_stack(name, self.nats_url, self.redis_url, engines=[f"sglang={url}"],
-                               engine_url=url, extra=[sim])
+            return start_stack(
+                name, self.nats_url, self.redis_url, engines=[f"sglang={url}"], engine_url=url, extra=[sim]
+            )
         if name == "mcp":  # short tool timeouts, for the hanging-tool test
-            return start_stack(name, self.nats_url, self.redis_url,
-                               env={"CHORUS_MCP_CALL_TIMEOUT_S": "1.5", "CHORUS_MAX_CALL_TIMEOUT_S": "1.5"})
+            return start_stack(
+                name,
+                self.nats_url,
+                self.redis_url,
+                env={"CHORUS_MCP_CALL_TIMEOUT_S": "1.5", "CHORUS_MAX_CALL_TIMEOUT_S": "1.5"},
+            )
         if name == "builtin":  # a browser built-in routed to an MCP server the test serves
             port = free_port()
             self.builtin_port = port
-            return start_stack(name, self.nats_url, self.redis_url,
-                               extra_args=["--builtin-tool", f"browser=http://127.0.0.1:{port}/mcp"])
+            return start_stack(
+                name,
+                self.nats_url,
+                self.redis_url,
+                extra_args=["--builtin-tool", f"browser=http://127.0.0.1:{port}/mcp"],
+            )
         if name == "engine-down":
             dead = f"http://127.0.0.1:{free_port()}"
-            return start_stack(name, self.nats_url, self.redis_url, engines=[f"vllm={dead}"],
-                               expect_ready=False)
+            return start_stack(name, self.nats_url, self.redis_url, engines=[f"vllm={dead}"], expect_ready=False)
         raise KeyError(name)
 
     def stop(self) -> None:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 Path = tuple[str | int, ...]
 JSON_CT = {"content-type": "application/json"}
 
+
 def paths(value: Any, prefix: Path = ()) -> list[Path]:
     """Every node below the root."""
     out: list[Path] = []
@@ -40,18 +41,21 @@ def edit(value: Any, path: Path, change: Callable[[Any, str | int], None]) -> An
 
     def descend(parent: Any, key: str | int) -> None:
         parent[key] = edit(parent[key], path[1:], change)
+
     return edit(value, path[:1], descend)
 
 
 def replaced(value: Any, path: Path, new: Any) -> Any:
     def change(parent: Any, key: str | int) -> None:
         parent[key] = new
+
     return edit(value, path, change)
 
 
 def removed(value: Any, path: Path) -> Any:
     def change(parent: Any, key: str | int) -> None:
         del parent[key]
+
     return edit(value, path, change)
 
 
@@ -78,34 +82,148 @@ def retyped(value: Any) -> list[Any]:
 
 
 ODD_STRINGS = [
-    "", " ", "\ud800", "a\udfffb", "\udc00\ud800", "\x00", "nul\x00byte", "\x1b[31m", "<|start|>",
-    "<|endoftext|>", "<|constrain|>json", "<|channel|>final<|message|>", "auto ", "AUTO", "Function",
-    "function\x00", "user\n", "json_schema ", "\u202e", "\ufeff", "\U0001f99c" * 40, "%s%n%x", "{{x}}",
-    "${jndi:x}", "../../etc/passwd", "null", "true", "1e999", "NaN", "-0", "0x10", "resp_", "msg_", "conv_",
-    "call_1", "#/$defs/x", "x" * 300, "é" * 600,
+    "",
+    " ",
+    "\ud800",
+    "a\udfffb",
+    "\udc00\ud800",
+    "\x00",
+    "nul\x00byte",
+    "\x1b[31m",
+    "<|start|>",
+    "<|endoftext|>",
+    "<|constrain|>json",
+    "<|channel|>final<|message|>",
+    "auto ",
+    "AUTO",
+    "Function",
+    "function\x00",
+    "user\n",
+    "json_schema ",
+    "\u202e",
+    "\ufeff",
+    "\U0001f99c" * 40,
+    "%s%n%x",
+    "{{x}}",
+    "${jndi:x}",
+    "../../etc/passwd",
+    "null",
+    "true",
+    "1e999",
+    "NaN",
+    "-0",
+    "0x10",
+    "resp_",
+    "msg_",
+    "conv_",
+    "call_1",
+    "#/$defs/x",
+    "x" * 300,
+    "é" * 600,
 ]
-KEYS = ["type", "role", "content", "text", "name", "arguments", "call_id", "output", "id", "tools", "schema",
-        "format", "function", "parameters", "input", "model", "items", "summary", "server_label", "$ref"]
-NUMBERS = [0, -1, 1, 2**31 - 1, 2**31, 2**53 + 1, 2**63 - 1, 2**63, -(2**63), 2**64, 10**20, 10**30, 4096, 131072,
-           1e308, -1e308, 5e-324, -0.0, 0.5, -0.5, 1.5, 2.0000001, 1e-7]
+KEYS = [
+    "type",
+    "role",
+    "content",
+    "text",
+    "name",
+    "arguments",
+    "call_id",
+    "output",
+    "id",
+    "tools",
+    "schema",
+    "format",
+    "function",
+    "parameters",
+    "input",
+    "model",
+    "items",
+    "summary",
+    "server_label",
+    "$ref",
+]
+NUMBERS = [
+    0,
+    -1,
+    1,
+    2**31 - 1,
+    2**31,
+    2**53 + 1,
+    2**63 - 1,
+    2**63,
+    -(2**63),
+    2**64,
+    10**20,
+    10**30,
+    4096,
+    131072,
+    1e308,
+    -1e308,
+    5e-324,
+    -0.0,
+    0.5,
+    -0.5,
+    1.5,
+    2.0000001,
+    1e-7,
+]
 HUGE = ["a" * 100_000, "a" * 300_000, "hostile " * 40_000, "\u00e9" * 200_000, "x" * 4_100_000]
-CODEPOINTS = [(0x20, 0x7E), (0x00, 0x1F), (0x7F, 0x2FF), (0x300, 0x36F), (0x590, 0x6FF), (0x2000, 0x206F),
-              (0xD800, 0xDFFF), (0xE000, 0xFFFF), (0x1F300, 0x1FAFF), (0x10000, 0x10FFFF)]
-ENUM_VARIANTS: list[Callable[[str], str]] = [str.upper, str.title, lambda s: s + "_x", lambda s: " " + s,
-                                              lambda s: s.replace("_", "-"), lambda s: s[:-1], lambda s: s + "\x00"]
-CONTENT_TYPES = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "",
-                 "application/json; charset=utf-16", "APPLICATION/JSON", "application/vnd.x+json",
-                 "application/json, text/plain", "application/jsonx", "json", "*/*"]
+CODEPOINTS = [
+    (0x20, 0x7E),
+    (0x00, 0x1F),
+    (0x7F, 0x2FF),
+    (0x300, 0x36F),
+    (0x590, 0x6FF),
+    (0x2000, 0x206F),
+    (0xD800, 0xDFFF),
+    (0xE000, 0xFFFF),
+    (0x1F300, 0x1FAFF),
+    (0x10000, 0x10FFFF),
+]
+ENUM_VARIANTS: list[Callable[[str], str]] = [
+    str.upper,
+    str.title,
+    lambda s: s + "_x",
+    lambda s: " " + s,
+    lambda s: s.replace("_", "-"),
+    lambda s: s[:-1],
+    lambda s: s + "\x00",
+]
+CONTENT_TYPES = [
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data; boundary=x",
+    "",
+    "application/json; charset=utf-16",
+    "APPLICATION/JSON",
+    "application/vnd.x+json",
+    "application/json, text/plain",
+    "application/jsonx",
+    "json",
+    "*/*",
+]
 BAD_LITERALS = [b"NaN", b"Infinity", b"-Infinity", b"1e999", b"0x10", b"01", b"+1", b".5", b"1_0", b"tru", b"None"]
 PREFIXES = [b"\xef\xbb\xbf", b"\xff\xfe", b"\x00", b" " * 100_000, b"//c\n", b"\x1f\x8b"]
 NOT_OBJECTS = [b"[]", b"null", b'"str"', b"1", b"{}", b"true", b"[[[[[[[[[[]]]]]]]]]]"]
 
 # Hypothesis draws a seed and a few values per batch (its edge cases: odd floats, unicode, nesting);
 # a seeded generator spends them, fast enough for tens of thousands of requests
-SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False),
-                    st.text(max_size=12), st.sampled_from(ODD_STRINGS))
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
-    st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=3), max_leaves=6)
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=12),
+    st.sampled_from(ODD_STRINGS),
+)
+VALUES = st.recursive(
+    SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 BATCHES = st.tuples(st.integers(0, 2**64 - 1), st.lists(VALUES, min_size=3, max_size=3))
 
 
@@ -152,8 +270,10 @@ class Mutator:
             return self.rnd.choice(self.drawn)
         if kind < 8:
             return [self.scalar() for _ in range(self.rnd.randrange(4))]
-        return {self.rnd.choice(KEYS) if self.rnd.random() < 0.7 else self.text(): self.value()
-                for _ in range(self.rnd.randrange(4))}
+        return {
+            self.rnd.choice(KEYS) if self.rnd.random() < 0.7 else self.text(): self.value()
+            for _ in range(self.rnd.randrange(4))
+        }
 
     # the body ------------------------------------------------------------------------------
     def mutate(self, body: Any) -> Any:
@@ -207,7 +327,9 @@ class Mutator:
             return raw[:cut] + rnd.randbytes(rnd.randint(1, 16)) + raw[cut:], JSON_CT
         if op < 90:
             literal = rnd.choice(BAD_LITERALS)
-            return re.sub(rb"(?<=: )-?\d+(\.\d+)?", literal, raw, count=1) if re.search(rb": \d", raw) else literal, JSON_CT
+            return re.sub(rb"(?<=: )-?\d+(\.\d+)?", literal, raw, count=1) if re.search(
+                rb": \d", raw
+            ) else literal, JSON_CT
         if op < 92:
             return rnd.choice(PREFIXES) + raw, JSON_CT
         if op < 94:

@@ -23,11 +23,7 @@ WEATHER_TOOL: ChatCompletionFunctionToolParam = {
     "function": {
         "name": "get_weather",
         "description": "Current weather for a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
 
@@ -43,9 +39,7 @@ def test_models_and_health(stack: RunningStack) -> None:
 
 def test_plain_completion(any_stack: RunningStack) -> None:
     client = any_stack.client()
-    resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Say hello to Chorus"}]
-    )
+    resp = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say hello to Chorus"}])
     choice = resp.choices[0]
     assert choice.finish_reason == "stop"
     assert choice.message.content
@@ -62,15 +56,17 @@ def test_plain_completion(any_stack: RunningStack) -> None:
 def test_streamed_completion(any_stack: RunningStack) -> None:
     client = any_stack.client()
     stream = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Stream me an answer"}], stream=True,
+        model=MODEL,
+        messages=[{"role": "user", "content": "Stream me an answer"}],
+        stream=True,
         stream_options={"include_usage": True},
     )
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
-    reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning_content") or ""
-                        for c in chunks if c.choices)
-    reasoning_vllm = "".join((c.choices[0].delta.model_extra or {}).get("reasoning") or ""
-                             for c in chunks if c.choices)
+    reasoning = "".join(
+        (c.choices[0].delta.model_extra or {}).get("reasoning_content") or "" for c in chunks if c.choices
+    )
+    reasoning_vllm = "".join((c.choices[0].delta.model_extra or {}).get("reasoning") or "" for c in chunks if c.choices)
     content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert reasoning and reasoning == reasoning_vllm
     assert content
@@ -81,17 +77,14 @@ def test_streamed_completion(any_stack: RunningStack) -> None:
     assert usage is not None and usage.completion_tokens > 0
     assert chunks[-1] is usage_chunks[0]
     # the same request unstreamed says the same thing
-    whole = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Stream me an answer"}]
-    )
+    whole = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Stream me an answer"}])
     assert whole.choices[0].message.content == content
 
 
 def test_tool_call(any_stack: RunningStack) -> None:
     client = any_stack.client()
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        tools=[WEATHER_TOOL],
+        model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=[WEATHER_TOOL]
     )
     choice = resp.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -105,10 +98,14 @@ def test_tool_call(any_stack: RunningStack) -> None:
 
 def test_streamed_tool_call(any_stack: RunningStack) -> None:
     client = any_stack.client()
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo please"}],
-        tools=[WEATHER_TOOL], stream=True,
-    ))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Weather in Oslo please"}],
+            tools=[WEATHER_TOOL],
+            stream=True,
+        )
+    )
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert deltas[0].index == 0 and (deltas[0].id or "").startswith("call_")
     assert all(d.function for d in deltas)
@@ -122,8 +119,7 @@ def test_streamed_tool_call(any_stack: RunningStack) -> None:
 def test_tool_result_turn(any_stack: RunningStack) -> None:
     client = any_stack.client()
     first = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        tools=[WEATHER_TOOL],
+        model=MODEL, messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=[WEATHER_TOOL]
     )
     call = (first.choices[0].message.tool_calls or [])[0]
     assert call.type == "function"
@@ -131,10 +127,21 @@ def test_tool_result_turn(any_stack: RunningStack) -> None:
     messages: list[ChatCompletionMessageParam] = [
         {"role": "user", "content": "What is the weather in Paris?"},
         # ``reasoning`` (vLLM's field for the thought before the call) is not in openai-python's type
-        cast(ChatCompletionAssistantMessageParam, {
-            "role": "assistant", "content": None, "reasoning": reasoning,
-            "tool_calls": [{"id": call.id, "type": "function",
-                            "function": {"name": call.function.name, "arguments": call.function.arguments}}]}),
+        cast(
+            ChatCompletionAssistantMessageParam,
+            {
+                "role": "assistant",
+                "content": None,
+                "reasoning": reasoning,
+                "tool_calls": [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.function.name, "arguments": call.function.arguments},
+                    }
+                ],
+            },
+        ),
         {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 C"},
     ]
     second = client.chat.completions.create(model=MODEL, messages=messages, tools=[WEATHER_TOOL])
@@ -149,12 +156,26 @@ def test_agent_history_with_reasoning_content_and_parallel_calls(stack: RunningS
         {"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Weather in Paris and Rome?"},
         # off openai-python's type, as agents send it: ``reasoning_content``, and arguments as an object
-        cast(ChatCompletionAssistantMessageParam, {
-            "role": "assistant", "content": "Checking both.", "reasoning_content": "Two cities.",
-            "tool_calls": [
-                {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}},
-                {"id": "call_b", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Rome"}}},
-            ]}),
+        cast(
+            ChatCompletionAssistantMessageParam,
+            {
+                "role": "assistant",
+                "content": "Checking both.",
+                "reasoning_content": "Two cities.",
+                "tool_calls": [
+                    {
+                        "id": "call_a",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'},
+                    },
+                    {
+                        "id": "call_b",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": {"city": "Rome"}},
+                    },
+                ],
+            },
+        ),
         {"role": "tool", "tool_call_id": "call_a", "content": "Paris: rain"},
         {"role": "tool", "tool_call_id": "call_b", "content": "Rome: sun"},
     ]
@@ -175,7 +196,8 @@ def test_max_tokens_cut(stack: RunningStack) -> None:
 def test_client_disconnect_aborts_engine(stack: RunningStack) -> None:
     client = stack.client()
     stream = client.chat.completions.create(
-        model=MODEL, stream=True,
+        model=MODEL,
+        stream=True,
         messages=[{"role": "user", "content": "go on forever [[sim:tokens=5000]] [[sim:delay_ms=5]]"}],
     )
     request_id = None
@@ -194,8 +216,11 @@ def test_a_client_leaving_a_whole_answer_aborts_the_engine(stack: RunningStack, 
     """Not streamed: the client gives up (its connection closes) while the engine generates."""
     marker = f"leaving-{uuid.uuid4().hex[:8]}"
     text = f"{marker} go on forever [[sim:tokens=5000]] [[sim:delay_ms=5]]"
-    body = {"model": MODEL, "messages": [{"role": "user", "content": text}]} if "chat" in path else \
-        {"model": MODEL, "input": text}
+    body = (
+        {"model": MODEL, "messages": [{"role": "user", "content": text}]}
+        if "chat" in path
+        else {"model": MODEL, "input": text}
+    )
     with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=stack.base_url, timeout=1.5) as http:
         http.post(path, json=body)
     record = stack.wait_engine(lambda r: marker in r.get("prompt_text", "") and r.get("aborted"))
@@ -227,7 +252,10 @@ def test_engine_down_is_a_clear_error(stacks: Stacks) -> None:
         ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "temperature": 9}, "temperature"),
         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, "tool_choice"),
-        ({"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
+        (
+            {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content[0]",
+        ),
     ],
 )
 def test_bad_requests_get_openai_errors(stack: RunningStack, body: dict[str, Any], param: str) -> None:
@@ -258,8 +286,9 @@ def test_penalties_reach_the_engine(stacks: Stacks) -> None:
     for name in ("vllm", "sglang"):
         stack = stacks.get(name)
         client = stack.client()
-        resp = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                              presence_penalty=0.5, frequency_penalty=-1.25)
+        resp = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], presence_penalty=0.5, frequency_penalty=-1.25
+        )
 
         def this_request(r: EngineRecord, rid: str = resp.id) -> bool:
             return bool(r.get("request_id") == rid)
@@ -268,17 +297,28 @@ def test_penalties_reach_the_engine(stacks: Stacks) -> None:
         params = record["params"] if name == "vllm" else record["params"]["sampling_params"]
         assert (params["presence_penalty"], params["frequency_penalty"]) == (0.5, -1.25), params
         with pytest.raises(openai.BadRequestError) as err:
-            client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                           presence_penalty=2.5)
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], presence_penalty=2.5
+            )
         assert isinstance(err.value.body, dict) and err.value.body["param"] == "presence_penalty"
 
 
 def test_a_schema_no_answer_can_satisfy_is_a_400_before_any_work(stack: RunningStack) -> None:
     marker = f"unsatisfiable-{uuid.uuid4().hex[:8]}"
-    fmt: ResponseFormatJSONSchema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {
-        "a": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["a"]}}}
+    fmt: ResponseFormatJSONSchema = {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "x",
+            "schema": {
+                "type": "object",
+                "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}},
+                "required": ["a"],
+            },
+        },
+    }
     with pytest.raises(openai.BadRequestError) as err:
-        stack.client().chat.completions.create(model=MODEL, messages=[{"role": "user", "content": marker}],
-                                               response_format=fmt)
+        stack.client().chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": marker}], response_format=fmt
+        )
     assert "minimum 5 above maximum 1" in err.value.message
     assert not [r for r in stack.engine_requests() if marker in r.get("prompt_text", "")]

@@ -53,8 +53,10 @@ enabled = false
 
 THOUGHT = "I will run the command in a shell."
 # The simulated model's first turn, written out: a thought, then a call to Codex's shell tool.
-SHELL_CALL = (f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>commentary "
-              "to=functions.exec_command <|constrain|>json<|message|>{\"cmd\": \"echo chorus-$((6*7))\"}<|call|>")
+SHELL_CALL = (
+    f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>commentary "
+    'to=functions.exec_command <|constrain|>json<|message|>{"cmd": "echo chorus-$((6*7))"}<|call|>'
+)
 
 
 @pytest.fixture(scope="session")
@@ -67,8 +69,12 @@ def codex() -> str:
         if npm is None:
             pytest.fail("npm is needed to install the Codex CLI (@openai/codex)")
         prefix.mkdir(parents=True, exist_ok=True)
-        subprocess.run([npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-                        f"@openai/codex@{CODEX_VERSION}"], check=True, timeout=600, capture_output=True)
+        subprocess.run(
+            [npm, "install", "--prefix", str(prefix), "--no-audit", "--no-fund", f"@openai/codex@{CODEX_VERSION}"],
+            check=True,
+            timeout=600,
+            capture_output=True,
+        )
     return str(binary)
 
 
@@ -100,8 +106,9 @@ class RecordingProxy:
             assert not handler.headers.get("Content-Encoding"), "a compressed request body"
             self.posted.append((handler.path, json.loads(body)))
         headers = {k: v for k, v in handler.headers.items() if k.lower() not in ("host", "content-length")}
-        with httpx.stream(handler.command, self.upstream + handler.path, content=body, headers=headers,
-                          timeout=60) as resp:
+        with httpx.stream(
+            handler.command, self.upstream + handler.path, content=body, headers=headers, timeout=60
+        ) as resp:
             handler.send_response(resp.status_code)
             handler.send_header("Content-Type", resp.headers.get("content-type", "application/json"))
             handler.end_headers()  # HTTP/1.0: the body ends when the connection closes
@@ -129,9 +136,24 @@ def codex_home(tmp_path: Path, base_url: str) -> Path:
 def run_codex(codex: str, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "CODEX_"))}
     env |= {"CODEX_HOME": str(home), "CHORUS_API_KEY": "chorus", "NO_COLOR": "1"}
-    done = subprocess.run([codex, "exec", "--skip-git-repo-check", "--color", "never",
-                           "--dangerously-bypass-approvals-and-sandbox", "-C", str(home.parent / "work"), *args],
-                          env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            codex,
+            "exec",
+            "--skip-git-repo-check",
+            "--color",
+            "never",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "-C",
+            str(home.parent / "work"),
+            *args,
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, f"codex failed\n{done.stdout}\n{done.stderr[-4000:]}"
     return done
 
@@ -142,8 +164,9 @@ def test_codex_exec_runs_a_shell_command_then_resumes(stack: RunningStack, codex
         home = codex_home(tmp_path, proxy.url)
         done = run_codex(codex, home, f"{marker} [[sim:raw={SHELL_CALL}]]")
         assert "chorus-42" in done.stdout  # the shell ran `echo chorus-$((6*7))`; the model quoted it
-        again = run_codex(codex, home, "resume", "--last",
-                          "Thanks. [[sim:raw=<|channel|>final<|message|>Glad to help.<|return|>]]")
+        again = run_codex(
+            codex, home, "resume", "--last", "Thanks. [[sim:raw=<|channel|>final<|message|>Glad to help.<|return|>]]"
+        )
         assert "Glad to help." in again.stdout
 
     turns = [body for path, body in proxy.posted if path == "/v1/responses"]
@@ -172,24 +195,56 @@ def test_codex_exec_runs_a_shell_command_then_resumes(stack: RunningStack, codex
 # ------------------------------------------------------------------ Codex's requests by hand
 
 CODEX_TOOLS: list[dict[str, Any]] = [
-    {"type": "function", "name": "exec_command", "strict": False,
-     "description": "Runs a command in a PTY, returning output or a session ID for ongoing interaction.",
-     "parameters": {"type": "object", "additionalProperties": False, "required": ["cmd"],
-                    "properties": {"cmd": {"type": "string", "description": "Shell command to execute."}}}},
-    {"type": "namespace", "name": "multi_agent_v1", "description": "Tools for spawning and managing sub-agents.",
-     "tools": [{"type": "function", "name": "close_agent", "strict": False, "description": "Close an agent.",
-                "parameters": {"type": "object", "properties": {"target": {"type": "string"}},
-                               "required": ["target"], "additionalProperties": False}}]},
+    {
+        "type": "function",
+        "name": "exec_command",
+        "strict": False,
+        "description": "Runs a command in a PTY, returning output or a session ID for ongoing interaction.",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["cmd"],
+            "properties": {"cmd": {"type": "string", "description": "Shell command to execute."}},
+        },
+    },
+    {
+        "type": "namespace",
+        "name": "multi_agent_v1",
+        "description": "Tools for spawning and managing sub-agents.",
+        "tools": [
+            {
+                "type": "function",
+                "name": "close_agent",
+                "strict": False,
+                "description": "Close an agent.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"target": {"type": "string"}},
+                    "required": ["target"],
+                    "additionalProperties": False,
+                },
+            }
+        ],
+    },
     {"type": "web_search", "external_web_access": True},
 ]
 
 
 def codex_turn(http: httpx.Client, history: list[dict[str, Any]]) -> dict[str, Any]:
     """One request as Codex makes it (streamed, stateless); the completed response."""
-    body = {"model": MODEL, "stream": True, "input": history, "tools": CODEX_TOOLS, "tool_choice": "auto",
-            "parallel_tool_calls": True, "reasoning": {"summary": "auto"}, "store": False,
-            "include": ["reasoning.encrypted_content"], "prompt_cache_key": "0199e0a1-codex-session",
-            "client_metadata": {"session_id": "0199e0a1-codex-session", "turn_id": "0199e0a1-turn"}}
+    body = {
+        "model": MODEL,
+        "stream": True,
+        "input": history,
+        "tools": CODEX_TOOLS,
+        "tool_choice": "auto",
+        "parallel_tool_calls": True,
+        "reasoning": {"summary": "auto"},
+        "store": False,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "0199e0a1-codex-session",
+        "client_metadata": {"session_id": "0199e0a1-codex-session", "turn_id": "0199e0a1-turn"},
+    }
     with http.stream("POST", "/v1/responses", json=body, headers={"Accept": "text/event-stream"}) as resp:
         assert resp.status_code == 200, resp.read()
         events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith("data: ")]
@@ -208,8 +263,16 @@ def test_codex_shaped_replay_renders_the_encrypted_reasoning(stack: RunningStack
     """The second turn sends the first turn's reasoning back as its encrypted content only (no
     text beside it), with the call and its output: the model sees the reasoning again."""
     history: list[dict[str, Any]] = [
-        {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": 'Run "ls -a" with exec_command.'}]},
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": "You are a coding agent."}],
+        },
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": 'Run "ls -a" with exec_command.'}],
+        },
     ]
     first = codex_turn(http, history)
     reasoning = next(item for item in first["output"] if item["type"] == "reasoning")
@@ -219,7 +282,12 @@ def test_codex_shaped_replay_renders_the_encrypted_reasoning(stack: RunningStack
     assert reasoning["encrypted_content"] and thought not in reasoning["encrypted_content"]
 
     history += [
-        {"type": "reasoning", "id": reasoning["id"], "summary": [], "encrypted_content": reasoning["encrypted_content"]},
+        {
+            "type": "reasoning",
+            "id": reasoning["id"],
+            "summary": [],
+            "encrypted_content": reasoning["encrypted_content"],
+        },
         {k: call[k] for k in ("type", "id", "call_id", "name", "arguments")},
         {"type": "function_call_output", "call_id": call["call_id"], "output": ".\n..\nREADME.md"},
     ]

@@ -57,7 +57,9 @@ def test_compact_returns_user_messages_and_a_sealed_item_that_renders_as_context
     kinds = [item.type for item in compacted.output]
     assert kinds == ["message", "message", "compaction"]
     assert [_text(m) for m in compacted.output[:2]] == [
-        "Tell me about the lighthouse on Skerry Point.", "Who kept it in 1901?"]
+        "Tell me about the lighthouse on Skerry Point.",
+        "Who kept it in 1901?",
+    ]
     item = compacted.output[-1]
     assert isinstance(item, ResponseCompactionItem), item
     assert item.encrypted_content.startswith("chorus1.")
@@ -94,17 +96,17 @@ def test_compact_requires_a_model_and_refuses_foreign_items(stack: RunningStack)
     r = httpx.post(f"{stack.base_url}/v1/responses/compact", json={"input": "hello"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
     with pytest.raises(openai.BadRequestError) as info:
-        stack.client().responses.create(model=MODEL, input=[
-            {"type": "compaction", "encrypted_content": "chorus1.forged"},
-            {"role": "user", "content": "hi"}])
+        stack.client().responses.create(
+            model=MODEL,
+            input=[{"type": "compaction", "encrypted_content": "chorus1.forged"}, {"role": "user", "content": "hi"}],
+        )
     assert _error_param(info.value) == "input[0].encrypted_content"
 
 
 def test_compact_a_stored_chain(stack: RunningStack) -> None:
     client = stack.client()
     first = client.responses.create(model=MODEL, input=history())
-    compacted = client.responses.compact(model=MODEL, previous_response_id=first.id,
-                                         input="Keep the dates.")
+    compacted = client.responses.compact(model=MODEL, previous_response_id=first.id, input="Keep the dates.")
     assert [i.type for i in compacted.output][-1] == "compaction"
     texts = [_text(i) for i in compacted.output if i.type == "message"]
     assert texts[-1] == "Keep the dates." and "Who kept it in 1901?" in texts
@@ -114,9 +116,14 @@ def test_compact_a_stored_chain(stack: RunningStack) -> None:
 
 def test_context_management_compacts_when_the_prompt_passes_the_threshold(stack: RunningStack) -> None:
     client = stack.client()
-    events = list(client.responses.create(
-        model=MODEL, input=[*history(), {"role": "user", "content": "Summarise his log."}],
-        context_management=[{"type": "compaction", "compact_threshold": 1000}], stream=True))
+    events = list(
+        client.responses.create(
+            model=MODEL,
+            input=[*history(), {"role": "user", "content": "Summarise his log."}],
+            context_management=[{"type": "compaction", "compact_threshold": 1000}],
+            stream=True,
+        )
+    )
     kinds = [e.type for e in events]
     assert kinds[:3] == ["response.created", "response.in_progress", "response.compaction.compacting"]
     assert [e.sequence_number for e in events] == list(range(len(events)))
@@ -138,8 +145,9 @@ def test_context_management_compacts_when_the_prompt_passes_the_threshold(stack:
     assert SUMMARY_HEADER in prompt and LONG_ANSWER[:80] not in prompt and "Thanks!" in prompt
 
     # under the threshold nothing is compacted
-    small = client.responses.create(model=MODEL, input="hi",
-                                    context_management=[{"type": "compaction", "compact_threshold": 1000}])
+    small = client.responses.create(
+        model=MODEL, input="hi", context_management=[{"type": "compaction", "compact_threshold": 1000}]
+    )
     assert [i.type for i in small.output] != [] and all(i.type != "compaction" for i in small.output)
 
 

@@ -17,8 +17,12 @@ KEYS = ("sk-alpha-1234567890", "sk-beta-0987654321")
 
 @pytest.fixture(scope="module")
 def keyed(nats_url: str, redis_url: str) -> Iterator[RunningStack]:
-    stack = start_stack("keyed", nats_url, redis_url,  # `chorus up --api-key` (CHORUS_API_KEYS works too)
-                        extra_args=[arg for key in KEYS for arg in ("--api-key", key)])
+    stack = start_stack(
+        "keyed",
+        nats_url,
+        redis_url,  # `chorus up --api-key` (CHORUS_API_KEYS works too)
+        extra_args=[arg for key in KEYS for arg in ("--api-key", key)],
+    )
     yield stack
     stack.stop()
 
@@ -58,17 +62,21 @@ def test_what_a_key_stores_is_its_own(keyed: RunningStack) -> None:
     assert follow.status == "completed"
 
 
-@pytest.mark.parametrize(("body", "headers", "status"), [
-    (b"{" * 100 + b"}" * 100, {}, 400),  # nesting
-    (b'{"model": "m", "input": "\\ud800"}', {}, 400),  # a lone surrogate
-    (b'{"model": "m", "tools": [{"type": [1, 2]}], "input": "x"}', {}, 400),  # unhashable value
-    (b'{"model": "m", "input": [{"type": "function_call_output", "call_id": 5, "output": []}]}', {}, 400),
-    (b"model=m&input=hi", {"content-type": "application/x-www-form-urlencoded"}, 415),
-    (b'{"model": "m", "input": "hi"}', {"content-type": "text/plain"}, 415),
-    (b"\xff\xfe", {}, 400),
-])
-def test_hostile_bodies_are_client_errors(stack: RunningStack, body: bytes, headers: dict[str, str],
-                                          status: int) -> None:
+@pytest.mark.parametrize(
+    ("body", "headers", "status"),
+    [
+        (b"{" * 100 + b"}" * 100, {}, 400),  # nesting
+        (b'{"model": "m", "input": "\\ud800"}', {}, 400),  # a lone surrogate
+        (b'{"model": "m", "tools": [{"type": [1, 2]}], "input": "x"}', {}, 400),  # unhashable value
+        (b'{"model": "m", "input": [{"type": "function_call_output", "call_id": 5, "output": []}]}', {}, 400),
+        (b"model=m&input=hi", {"content-type": "application/x-www-form-urlencoded"}, 415),
+        (b'{"model": "m", "input": "hi"}', {"content-type": "text/plain"}, 415),
+        (b"\xff\xfe", {}, 400),
+    ],
+)
+def test_hostile_bodies_are_client_errors(
+    stack: RunningStack, body: bytes, headers: dict[str, str], status: int
+) -> None:
     with httpx.Client(base_url=stack.base_url, timeout=30) as http:
         resp = http.post("/v1/responses", content=body, headers={"content-type": "application/json", **headers})
         assert resp.status_code == status, resp.text
@@ -82,8 +90,9 @@ def test_deep_tool_schema_is_a_400(stack: RunningStack) -> None:
     schema: dict[str, object] = {"type": "object"}
     for _ in range(200):
         schema = {"type": "object", "properties": {"x": schema}}
-    body = json.dumps({"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "f",
-                                                                 "parameters": schema}]})
+    body = json.dumps(
+        {"model": MODEL, "input": "hi", "tools": [{"type": "function", "name": "f", "parameters": schema}]}
+    )
     with httpx.Client(base_url=stack.base_url, timeout=30) as http:
         resp = http.post("/v1/responses", content=body, headers={"content-type": "application/json"})
     assert resp.status_code == 400, resp.text
@@ -108,8 +117,11 @@ def test_bodies_over_the_limit_are_413(stack: RunningStack) -> None:
 
 def test_request_id_is_accepted_and_echoed(stack: RunningStack) -> None:
     with httpx.Client(base_url=stack.base_url, timeout=30) as http:
-        resp = http.post("/v1/chat/completions", headers={"x-request-id": "trace-me-42"},
-                         json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+        resp = http.post(
+            "/v1/chat/completions",
+            headers={"x-request-id": "trace-me-42"},
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        )
         assert resp.headers["x-request-id"] == "trace-me-42"
         assert http.get("/v1/models").headers["x-request-id"]
     assert "request_id=trace-me-42" in stack.log("gateway")

@@ -19,8 +19,7 @@ def small_engine_stack(request: pytest.FixtureRequest, nats_url: str, redis_url:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CHORUS_SIM_MAX_MODEL_LEN", "4096")
         sim, url = start_sim_engine(request.param)
-    stack = start_stack(f"small-{request.param}", nats_url, redis_url, engines=[f"{request.param}={url}"],
-                        extra=[sim])
+    stack = start_stack(f"small-{request.param}", nats_url, redis_url, engines=[f"{request.param}={url}"], extra=[sim])
     yield stack
     stack.stop()
 

@@ -42,7 +42,8 @@ class Streamed:
 async def chat_stream(client: openai.AsyncOpenAI, i: int) -> Streamed:
     reasoning, content, pause = [], [], 0.0
     stream = await client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": PROMPT.format(i=i)}], stream=True)
+        model=MODEL, messages=[{"role": "user", "content": PROMPT.format(i=i)}], stream=True
+    )
     last = time.monotonic()
     async for chunk in stream:
         now = time.monotonic()
@@ -143,8 +144,9 @@ def test_kill_the_dispatcher(fault_stack: RunningStack, reference: dict[str, lis
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
-def test_kill_one_engine_of_two(fault_stack: RunningStack, reference: dict[str, list[Streamed]],
-                                engines: list[tuple[ManagedProcess, str]], api: str) -> None:
+def test_kill_one_engine_of_two(
+    fault_stack: RunningStack, reference: dict[str, list[Streamed]], engines: list[tuple[ManagedProcess, str]], api: str
+) -> None:
     fault_stack.wait_healthy()
     proc, _ = engines[0]
     assert proc.proc is not None
@@ -192,9 +194,14 @@ def start_gateway(stack: RunningStack) -> tuple[ManagedProcess, str]:
     from services.common.infra import wait_for_port
 
     port = free_port()
-    env = {**os.environ, "CHORUS_NAMESPACE": stack.namespace, "CHORUS_PORT": str(port),
-           "CHORUS_MODELS": json.dumps([MODEL]), "CHORUS_NATS_URL": stack.nats_url,
-           "CHORUS_REDIS_URL": stack.redis_url}
+    env = {
+        **os.environ,
+        "CHORUS_NAMESPACE": stack.namespace,
+        "CHORUS_PORT": str(port),
+        "CHORUS_MODELS": json.dumps([MODEL]),
+        "CHORUS_NATS_URL": stack.nats_url,
+        "CHORUS_REDIS_URL": stack.redis_url,
+    }
     proc = ManagedProcess("gateway-b", [sys.executable, "-m", "services.cli", "serve", "gateway"])
     log = open(stack.log_dir / "gateway-b.log", "ab")  # noqa: SIM115 - closed with the process
     proc.proc = subprocess.Popen(proc.args, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -241,11 +248,17 @@ def test_takeover_sends_a_logged_batch_whose_events_were_never_appended(fault_st
     request = {"model": MODEL, "input": "orphan", "background": True, "store": True}
     job = Job(response_id=rid, created_at=int(time.time()), request=request, input_ids=[])
     message = MessageItem(role="assistant", content="Hello world", id=f"msg_{rid}", channel="final")
-    step = LoggedStep(turn=0, tokens=[1, 2, 3], parsed=[
-        ItemAdded(output_index=0, item=message.model_copy(update={"content": "", "status": "in_progress"})),
-        ItemDelta(output_index=0, delta="Hello "), ItemDelta(output_index=0, delta="world"),
-        ItemDone(output_index=0, item=message),
-        Finished(finish_reason="stop", usage=Usage(prompt_tokens=5, completion_tokens=3))])
+    step = LoggedStep(
+        turn=0,
+        tokens=[1, 2, 3],
+        parsed=[
+            ItemAdded(output_index=0, item=message.model_copy(update={"content": "", "status": "in_progress"})),
+            ItemDelta(output_index=0, delta="Hello "),
+            ItemDelta(output_index=0, delta="world"),
+            ItemDone(output_index=0, item=message),
+            Finished(finish_reason="stop", usage=Usage(prompt_tokens=5, completion_tokens=3)),
+        ],
+    )
 
     async def orphan() -> None:  # the job as its dead owner left it: logged, no lease, no events
         store = RedisResponseStore.from_url(fault_stack.redis_url, namespace=fault_stack.namespace, ttl_s=600)

@@ -24,9 +24,14 @@ def test_an_answer_too_deep_to_check_fails_as_the_model_s_fault(stack: RunningSt
     no 500, no stream cut off, no response stored as completed."""
     told = f"[[sim:raw=<|channel|>final<|message|>{DEEP}<|return|>]]"
     with stack.http() as http:
-        chat = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": told}],
-                                                       "response_format": {"type": "json_schema", "json_schema": {
-                                                           "name": "deep", "schema": RECURSIVE}}})
+        chat = http.post(
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": told}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "deep", "schema": RECURSIVE}},
+            },
+        )
         assert chat.status_code == 502 and "nests too deeply" in chat.json()["error"]["message"], chat.text[:300]
         fmt = {"format": {"type": "json_schema", "name": "deep", "schema": RECURSIVE}}
         whole = http.post("/v1/responses", json={"model": MODEL, "input": told, "text": fmt}).json()
@@ -67,8 +72,15 @@ def test_a_hostile_render_does_not_starve_other_requests(stack: RunningStack) ->
 
         baseline = _p95([small() for _ in range(20)])
         with ThreadPoolExecutor(4) as pool:
-            big = pool.submit(lambda: [http.post("/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}) for text in bigs])
+            big = pool.submit(
+                lambda: [
+                    http.post(
+                        "/v1/chat/completions",
+                        json={"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4},
+                    )
+                    for text in bigs
+                ]
+            )
 
             def meanwhile() -> list[float]:
                 out: list[float] = []
@@ -93,8 +105,11 @@ def test_100kb_of_one_word_keeps_the_stack_healthy(stack: RunningStack) -> None:
     without any service missing its health checks."""
     text = _one_word(100_000, random.randrange(2**32))
     with httpx.Client(base_url=stack.base_url, timeout=60) as http, ThreadPoolExecutor(1) as pool:
-        answer = pool.submit(http.post, "/v1/chat/completions", json={
-            "model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4})
+        answer = pool.submit(
+            http.post,
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4},
+        )
         health = []
         while not answer.done():
             health.append(http.get("/health").status_code)

@@ -39,8 +39,14 @@ def mcp_stack(stacks: Stacks) -> RunningStack:
     return stacks.get("mcp")
 
 
-def _mcp(url: str, *, allowed_tools: McpAllowedTools | None = None, require_approval: McpRequireApproval = "never",
-         authorization: str | None = None, headers: dict[str, str] | None = None) -> Mcp:
+def _mcp(
+    url: str,
+    *,
+    allowed_tools: McpAllowedTools | None = None,
+    require_approval: McpRequireApproval = "never",
+    authorization: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> Mcp:
     """An mcp tool for server "t" at ``url``; the optional fields are sent only when given."""
     tool: Mcp = {"type": "mcp", "server_label": "t", "server_url": url, "require_approval": require_approval}
     if allowed_tools is not None:
@@ -59,8 +65,9 @@ def _types(resp: Response) -> list[str]:
 async def test_list_call_and_answer(mcp_stack: RunningStack) -> None:
     client = mcp_stack.async_client()
     async with serve_mcp() as server:
-        resp = await client.responses.create(model=MODEL, input="Please add two numbers with add",
-                                             tools=[_mcp(server.url)])
+        resp = await client.responses.create(
+            model=MODEL, input="Please add two numbers with add", tools=[_mcp(server.url)]
+        )
     assert resp.status == "completed"
     assert _types(resp)[0] == "mcp_list_tools" and _types(resp)[-1] == "message"
     listing = resp.output[0]
@@ -78,8 +85,9 @@ async def test_list_call_and_answer(mcp_stack: RunningStack) -> None:
 async def test_allowed_tools_hide_the_rest(mcp_stack: RunningStack) -> None:
     client = mcp_stack.async_client()
     async with serve_mcp() as server:
-        resp = await client.responses.create(model=MODEL, input="Please echo hello",
-                                             tools=[_mcp(server.url, allowed_tools=["echo"])])
+        resp = await client.responses.create(
+            model=MODEL, input="Please echo hello", tools=[_mcp(server.url, allowed_tools=["echo"])]
+        )
     listing = resp.output[0]
     assert listing.type == "mcp_list_tools" and [t.name for t in listing.tools] == ["echo"]
     prompt = mcp_stack.engine_prompt(resp.id)
@@ -95,14 +103,20 @@ async def test_approval_round_trip(mcp_stack: RunningStack) -> None:
         (ask,) = [i for i in first.output if i.type == "mcp_approval_request"]
         assert ask.name == "get_weather" and not [i for i in first.output if i.type == "mcp_call"]
         approved = await client.responses.create(
-            model=MODEL, previous_response_id=first.id, tools=tools,
-            input=[{"type": "mcp_approval_response", "approval_request_id": ask.id, "approve": True}])
+            model=MODEL,
+            previous_response_id=first.id,
+            tools=tools,
+            input=[{"type": "mcp_approval_response", "approval_request_id": ask.id, "approve": True}],
+        )
         (call,) = [i for i in approved.output if i.type == "mcp_call"]
         assert call.approval_request_id == ask.id and call.output is not None and "Sunny" in call.output
         assert "Sunny" in approved.output_text
         declined = await client.responses.create(
-            model=MODEL, previous_response_id=first.id, tools=tools,
-            input=[{"type": "mcp_approval_response", "approval_request_id": ask.id, "approve": False}])
+            model=MODEL,
+            previous_response_id=first.id,
+            tools=tools,
+            input=[{"type": "mcp_approval_response", "approval_request_id": ask.id, "approve": False}],
+        )
         (call,) = [i for i in declined.output if i.type == "mcp_call"]
         assert "declined" in error_text(call) and call.output is None
         assert declined.status == "completed"
@@ -131,8 +145,9 @@ async def test_failures_are_results(mcp_stack: RunningStack) -> None:
     (call,) = [i for i in hang.output if i.type == "mcp_call"]
     assert "time" in error_text(call).lower() and hang.status == "completed"
     with silent_port() as port:
-        down = await client.responses.create(model=MODEL, input="hi there",
-                                             tools=[_mcp(f"http://127.0.0.1:{port}/mcp")])
+        down = await client.responses.create(
+            model=MODEL, input="hi there", tools=[_mcp(f"http://127.0.0.1:{port}/mcp")]
+        )
     assert down.status == "completed"
     listing = down.output[0]
     assert listing.type == "mcp_list_tools" and listing.error
@@ -141,18 +156,30 @@ async def test_failures_are_results(mcp_stack: RunningStack) -> None:
 async def test_streaming_events_tell_the_truth(mcp_stack: RunningStack) -> None:
     client = mcp_stack.async_client()
     async with serve_mcp() as server:
-        events = [e async for e in await client.responses.create(
-            model=MODEL, input="Please add two numbers with add", tools=[_mcp(server.url)], stream=True)]
-        async with client.responses.stream(model=MODEL, input="Please add with add",
-                                           tools=[_mcp(server.url)]) as stream:
+        events = [
+            e
+            async for e in await client.responses.create(
+                model=MODEL, input="Please add two numbers with add", tools=[_mcp(server.url)], stream=True
+            )
+        ]
+        async with client.responses.stream(
+            model=MODEL, input="Please add with add", tools=[_mcp(server.url)]
+        ) as stream:
             async for _ in stream:
                 pass
             final = await stream.get_final_response()
     assert [e.sequence_number for e in events] == list(range(len(events)))
     kinds: list[str] = [e.type for e in events]
-    order = ["response.created", "response.mcp_list_tools.in_progress", "response.mcp_list_tools.completed",
-             "response.mcp_call.in_progress", "response.mcp_call_arguments.delta",
-             "response.mcp_call_arguments.done", "response.mcp_call.completed", "response.completed"]
+    order = [
+        "response.created",
+        "response.mcp_list_tools.in_progress",
+        "response.mcp_list_tools.completed",
+        "response.mcp_call.in_progress",
+        "response.mcp_call_arguments.delta",
+        "response.mcp_call_arguments.done",
+        "response.mcp_call.completed",
+        "response.completed",
+    ]
     positions = [kinds.index(k) for k in order]
     assert positions == sorted(positions)
     call_index = next(e.output_index for e in events if isinstance(e, ResponseMcpCallCompletedEvent))
@@ -165,8 +192,9 @@ async def test_streaming_events_tell_the_truth(mcp_stack: RunningStack) -> None:
 async def test_budget_spans_the_loop(mcp_stack: RunningStack) -> None:
     client = mcp_stack.async_client()
     async with serve_mcp() as server:
-        resp = await client.responses.create(model=MODEL, input="Please add two numbers with add",
-                                             tools=[_mcp(server.url)], max_output_tokens=40)
+        resp = await client.responses.create(
+            model=MODEL, input="Please add two numbers with add", tools=[_mcp(server.url)], max_output_tokens=40
+        )
     assert resp.usage is not None and resp.usage.output_tokens <= 40
     assert resp.status == "incomplete"
     assert resp.incomplete_details is not None and resp.incomplete_details.reason == "max_output_tokens"
@@ -181,10 +209,10 @@ async def test_loopback_spellings_are_refused_unless_allowed(nats_url: str, redi
     try:
         client = closed.async_client()
         async with hanging_server() as srv:
-            for host in ("127.0.0.1", "127.1", "0x7f000001", "2130706433", "[::1]",
-                         "[::ffff:127.0.0.1]", "localhost"):
-                resp = await client.responses.create(model=MODEL, input="hi",
-                                                     tools=[_mcp(f"http://{host}:{srv.port}/mcp")])
+            for host in ("127.0.0.1", "127.1", "0x7f000001", "2130706433", "[::1]", "[::ffff:127.0.0.1]", "localhost"):
+                resp = await client.responses.create(
+                    model=MODEL, input="hi", tools=[_mcp(f"http://{host}:{srv.port}/mcp")]
+                )
                 assert resp.status == "completed", host
                 listing = resp.output[0]
                 assert listing.type == "mcp_list_tools" and listing.tools == [], host
@@ -202,9 +230,19 @@ async def test_loopback_spellings_are_refused_unless_allowed(nats_url: str, redi
 
 async def test_chat_keeps_plain_function_calling(mcp_stack: RunningStack) -> None:
     client = mcp_stack.async_client()
-    resp = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather in Oslo"}],
-                                                tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {
-                                                    "type": "object", "properties": {"city": {"type": "string"}}}}}])
+    resp = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Weather in Oslo"}],
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                },
+            }
+        ],
+    )
     assert resp.choices[0].finish_reason == "tool_calls"
     tool_calls = resp.choices[0].message.tool_calls
     assert tool_calls is not None and isinstance(tool_calls[0], ChatCompletionMessageFunctionToolCall)
@@ -227,8 +265,12 @@ async def test_builtin_browser_routed_to_mcp(stacks: Stacks) -> None:
     raw = '<|channel|>analysis to=browser.search <|constrain|>json<|message|>{"query": "chorus nats"}<|call|>'
     client = stack.async_client()
     async with serve_mcp(browser, port=stacks.builtin_port):
-        events = [e async for e in await client.responses.create(
-            model=MODEL, input=f"[[sim:raw={raw}]]", tools=[{"type": "web_search_preview"}], stream=True)]
+        events = [
+            e
+            async for e in await client.responses.create(
+                model=MODEL, input=f"[[sim:raw={raw}]]", tools=[{"type": "web_search_preview"}], stream=True
+            )
+        ]
     last = events[-1]
     assert isinstance(last, ResponseCompletedEvent)
     final = last.response
@@ -258,8 +300,9 @@ async def test_mcp_credentials_are_used_and_never_echoed_logged_or_stored_in_cle
     async with serve_mcp() as server:
         tool = _mcp(server.url, authorization=token, headers={"X-Api-Key": key})
         resp = await client.responses.create(model=MODEL, input="Please add two numbers with add", tools=[tool])
-        queued = await client.responses.create(model=MODEL, input="Please add two numbers with add",
-                                               tools=[tool], background=True)
+        queued = await client.responses.create(
+            model=MODEL, input="Please add two numbers with add", tools=[tool], background=True
+        )
         while queued.status in ("queued", "in_progress"):
             await asyncio.sleep(0.1)
             queued = await client.responses.retrieve(queued.id)

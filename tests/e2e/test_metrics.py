@@ -21,8 +21,9 @@ async def test_requests_tokens_and_latencies_for_both_apis(metrics_stack: Runnin
     before = metrics_stack.metrics()
     client = metrics_stack.async_client()
     await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "metrics chat"}])
-    stream = await client.chat.completions.create(model=MODEL, stream=True,
-                                                  messages=[{"role": "user", "content": "metrics stream"}])
+    stream = await client.chat.completions.create(
+        model=MODEL, stream=True, messages=[{"role": "user", "content": "metrics stream"}]
+    )
     async for _ in stream:
         pass
     await client.responses.create(model=MODEL, input="metrics responses")
@@ -59,6 +60,7 @@ async def test_tool_calls_are_counted_by_outcome(metrics_stack: RunningStack) ->
     assert ok.status == boom.status == "completed"
     after = metrics_stack.metrics()
     for outcome in ("ok", "error"):
-        grown = total(after, "chorus_tool_calls_total", server="mcp", outcome=outcome) - \
-            total(before, "chorus_tool_calls_total", server="mcp", outcome=outcome)
+        grown = total(after, "chorus_tool_calls_total", server="mcp", outcome=outcome) - total(
+            before, "chorus_tool_calls_total", server="mcp", outcome=outcome
+        )
         assert grown == 1, (outcome, grown)

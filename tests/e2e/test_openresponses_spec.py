@@ -29,14 +29,21 @@ SPEC_URI = "urn:openresponses:openapi"
 SPEC_VERSION = "2026-04-24"
 
 # without ``strict``, as clients send it (openai-python's type requires the key)
-WEATHER = cast(FunctionToolParam, {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-})
-ANSWER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "celsius": {"type": "number"}},
-                 "required": ["city", "celsius"], "additionalProperties": False}
+WEATHER = cast(
+    FunctionToolParam,
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+)
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "celsius": {"type": "number"}},
+    "required": ["city", "celsius"],
+    "additionalProperties": False,
+}
 
 # Where OpenAI (openai-python's types, the ground truth for OpenAI) and the Open Responses
 # document disagree, Chorus follows OpenAI. Each difference is one narrow change to the
@@ -111,9 +118,15 @@ def _explain(error: ValidationError) -> list[ValidationError]:
     branches: dict[Any, list[ValidationError]] = defaultdict(list)
     for sub in error.context:
         branches[sub.relative_schema_path[0]].append(sub)
-    meant = [errors for errors in branches.values()
-             if not any((list(e.relative_path) == ["type"] and e.validator in ("enum", "const"))
-                        or (not e.relative_path and e.validator == "type") for e in errors)]
+    meant = [
+        errors
+        for errors in branches.values()
+        if not any(
+            (list(e.relative_path) == ["type"] and e.validator in ("enum", "const"))
+            or (not e.relative_path and e.validator == "type")
+            for e in errors
+        )
+    ]
     if len(meant) != 1:
         return [error]
     return [leaf for sub in meant[0] for leaf in _explain(sub)]
@@ -124,8 +137,11 @@ def conforms(validator: Draft202012Validator, instance: Any, what: str) -> None:
     errors.sort(key=lambda e: [str(p) for p in e.absolute_path])
     if errors:
         lines = [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message[:300]}" for e in errors[:10]]
-        raise AssertionError(f"{what} does not conform to Open Responses {SPEC_VERSION}:\n" + "\n".join(lines)
-                             + f"\n{json.dumps(instance)[:3000]}")
+        raise AssertionError(
+            f"{what} does not conform to Open Responses {SPEC_VERSION}:\n"
+            + "\n".join(lines)
+            + f"\n{json.dumps(instance)[:3000]}"
+        )
 
 
 def event_conforms(event: dict[str, Any]) -> None:
@@ -140,9 +156,9 @@ def sse_events(response: httpx.Response) -> Iterator[dict[str, Any]]:
     data: list[str] = []
     for line in response.iter_lines():
         if line.startswith("event:"):
-            name = line[len("event:"):].strip()
+            name = line[len("event:") :].strip()
         elif line.startswith("data:"):
-            data.append(line[len("data:"):].strip())
+            data.append(line[len("data:") :].strip())
         elif not line and data:
             event = json.loads("\n".join(data))
             assert name is None or name == event.get("type"), (name, event.get("type"))
@@ -206,16 +222,29 @@ def http(stack: RunningStack) -> Iterator[httpx.Client]:
 
 CASES: dict[str, dict[str, Any]] = {
     "plain": {"input": "Say hello to Open Responses"},
-    "instructions": {"input": "Who are you?", "instructions": "Answer in one short sentence.",
-                     "metadata": {"case": "instructions"}, "temperature": 0.5, "top_p": 0.9},
+    "instructions": {
+        "input": "Who are you?",
+        "instructions": "Answer in one short sentence.",
+        "metadata": {"case": "instructions"},
+        "temperature": 0.5,
+        "top_p": 0.9,
+    },
     "function_tool": {"input": "What is the weather in Paris?", "tools": [WEATHER]},
-    "named_tool_choice": {"input": "Weather in Rome?", "tools": [WEATHER],
-                          "tool_choice": {"type": "function", "name": "get_weather"}},
-    "reasoning_encrypted": {"input": "Think about this", "reasoning": {"effort": "high", "summary": "auto"},
-                            "include": ["reasoning.encrypted_content"], "store": False},
-    "json_schema": {"input": "Weather in Lima as JSON",
-                    "text": {"format": {"type": "json_schema", "name": "weather", "schema": ANSWER_SCHEMA,
-                                        "strict": True}}},
+    "named_tool_choice": {
+        "input": "Weather in Rome?",
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+    },
+    "reasoning_encrypted": {
+        "input": "Think about this",
+        "reasoning": {"effort": "high", "summary": "auto"},
+        "include": ["reasoning.encrypted_content"],
+        "store": False,
+    },
+    "json_schema": {
+        "input": "Weather in Lima as JSON",
+        "text": {"format": {"type": "json_schema", "name": "weather", "schema": ANSWER_SCHEMA, "strict": True}},
+    },
     "json_object": {"input": "Answer in JSON please", "text": {"format": {"type": "json_object"}}},
     "incomplete": {"input": "A long story please", "max_output_tokens": 16},
 }
@@ -252,8 +281,12 @@ def test_streamed_events_conform(http: httpx.Client, case: str) -> None:
 def test_function_call_output_round_trip_conforms(http: httpx.Client) -> None:
     first = post(http, {"model": MODEL, "input": "What is the weather in Oslo?", "tools": [WEATHER]})
     (call,) = [i for i in first["output"] if i["type"] == "function_call"]
-    body = {"model": MODEL, "previous_response_id": first["id"], "tools": [WEATHER],
-            "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "Snow, -3 C"}]}
+    body = {
+        "model": MODEL,
+        "previous_response_id": first["id"],
+        "tools": [WEATHER],
+        "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "Snow, -3 C"}],
+    }
     second = post(http, body)
     assert second["previous_response_id"] == first["id"]
     assert "Snow, -3 C" in second["output"][-1]["content"][0]["text"]
@@ -263,23 +296,48 @@ def test_function_call_output_round_trip_conforms(http: httpx.Client) -> None:
 
 def test_stateless_round_trip_with_encrypted_reasoning_conforms(http: httpx.Client) -> None:
     """store: false, the output sent back as input (encrypted reasoning included)."""
-    first = post(http, {"model": MODEL, "input": "What is the weather in Bern?", "tools": [WEATHER],
-                        "store": False, "include": ["reasoning.encrypted_content"]})
+    first = post(
+        http,
+        {
+            "model": MODEL,
+            "input": "What is the weather in Bern?",
+            "tools": [WEATHER],
+            "store": False,
+            "include": ["reasoning.encrypted_content"],
+        },
+    )
     call = next(i for i in first["output"] if i["type"] == "function_call")
-    history = [{"role": "user", "content": "What is the weather in Bern?"}, *first["output"],
-               {"type": "function_call_output", "call_id": call["call_id"], "output": "Sunny"}]
-    second = post(http, {"model": MODEL, "input": history, "tools": [WEATHER], "store": False,
-                         "include": ["reasoning.encrypted_content"]})
+    history = [
+        {"role": "user", "content": "What is the weather in Bern?"},
+        *first["output"],
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "Sunny"},
+    ]
+    second = post(
+        http,
+        {
+            "model": MODEL,
+            "input": history,
+            "tools": [WEATHER],
+            "store": False,
+            "include": ["reasoning.encrypted_content"],
+        },
+    )
     assert second["status"] == "completed"
 
 
 def test_reasoning_summary_events_conform(http: httpx.Client) -> None:
-    events = stream(http, {"model": MODEL, "input": "Think it through",
-                           "reasoning": {"effort": "low", "summary": "detailed"}})
+    events = stream(
+        http, {"model": MODEL, "input": "Think it through", "reasoning": {"effort": "low", "summary": "detailed"}}
+    )
     kinds = {e["type"] for e in events}
-    for needed in ("response.reasoning_summary_part.added", "response.reasoning_summary_text.delta",
-                   "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
-                   "response.reasoning_text.delta", "response.reasoning_text.done"):
+    for needed in (
+        "response.reasoning_summary_part.added",
+        "response.reasoning_summary_text.delta",
+        "response.reasoning_summary_text.done",
+        "response.reasoning_summary_part.done",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+    ):
         assert needed in kinds, needed
 
 
@@ -346,9 +404,11 @@ def test_streamed_timestamps_are_json_integers(http: httpx.Client) -> None:
 
 
 def test_compact_conforms(http: httpx.Client) -> None:
-    history = [{"role": "user", "content": "My name is Ada."},
-               {"role": "assistant", "content": "Nice to meet you, Ada."},
-               {"role": "user", "content": "I like zebras."}]
+    history = [
+        {"role": "user", "content": "My name is Ada."},
+        {"role": "assistant", "content": "Nice to meet you, Ada."},
+        {"role": "user", "content": "I like zebras."},
+    ]
     r = http.post("/v1/responses/compact", json={"model": MODEL, "input": history})
     assert r.status_code == 200, r.text
     payload = r.json()
@@ -356,11 +416,14 @@ def test_compact_conforms(http: httpx.Client) -> None:
     assert _types(payload) == ["message", "message", "compaction"]
 
 
-@pytest.mark.parametrize(("body", "status"), [
-    ({"model": MODEL, "input": "x", "frobnicate": True}, 400),
-    ({"model": MODEL, "input": "x", "max_output_tokens": "many"}, 400),
-    ({"model": MODEL, "input": "x", "previous_response_id": "resp_nope"}, 404),
-])
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [
+        ({"model": MODEL, "input": "x", "frobnicate": True}, 400),
+        ({"model": MODEL, "input": "x", "max_output_tokens": "many"}, 400),
+        ({"model": MODEL, "input": "x", "previous_response_id": "resp_nope"}, 404),
+    ],
+)
 def test_error_bodies_conform(http: httpx.Client, body: dict[str, Any], status: int) -> None:
     """The document gives HTTP errors no schema of their own; their ``error`` object is checked
     against its error payload (type, code, message, param), the one its error events carry."""

@@ -14,7 +14,8 @@ def test_a_prompt_near_the_context_length(stack: RunningStack) -> None:
     """About 120,000 prompt tokens (over NATS's 1 MB message limit as token ids): answered."""
     text = "word " * 120_000
     resp = stack.client(timeout=120).chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=64)
+        model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=64
+    )
     assert resp.choices[0].finish_reason in ("stop", "length")
     assert resp.usage is not None and resp.usage.prompt_tokens > 120_000
     record = stack.wait_engine(lambda r: r["request_id"] == resp.id)
@@ -24,8 +25,7 @@ def test_a_prompt_near_the_context_length(stack: RunningStack) -> None:
 def test_a_prompt_over_the_context_length_is_a_400(stack: RunningStack) -> None:
     text = "word " * 140_000
     with httpx.Client(base_url=stack.base_url, timeout=120) as http:
-        resp = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [
-            {"role": "user", "content": text}]})
+        resp = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": text}]})
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["code"] == "context_length_exceeded"
 
@@ -35,8 +35,12 @@ def test_two_hundred_streams_at_once(stack: RunningStack) -> None:
     and the services are busy)."""
 
     async def one(client: httpx.AsyncClient, i: int) -> int:
-        body = {"model": MODEL, "stream": True, "stream_options": {"include_usage": True},
-                "messages": [{"role": "user", "content": f"Load {i} [[sim:tokens=200]]"}]}
+        body = {
+            "model": MODEL,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": f"Load {i} [[sim:tokens=200]]"}],
+        }
         usage = 0
         async with client.stream("POST", "/v1/chat/completions", json=body) as resp:
             assert resp.status_code == 200, await resp.aread()

@@ -49,8 +49,9 @@ def flush(port: int) -> None:
     r.close()
 
 
-def test_storage_down_then_back(redis_stack: RunningStack, own_redis: tuple[list[ManagedProcess], int],
-                                redis_dir: Path) -> None:
+def test_storage_down_then_back(
+    redis_stack: RunningStack, own_redis: tuple[list[ManagedProcess], int], redis_dir: Path
+) -> None:
     procs, port = own_redis
     http = httpx.Client(base_url=redis_stack.base_url, timeout=30)
     kept = http.post("/v1/responses", json={"model": MODEL, "input": "remember me"})
@@ -59,15 +60,18 @@ def test_storage_down_then_back(redis_stack: RunningStack, own_redis: tuple[list
     procs[0].stop()
 
     marker = f"needs-storage-{uuid.uuid4().hex[:8]}"
-    for body in ({"model": MODEL, "input": marker},
-                 {"model": MODEL, "input": marker, "stream": True},
-                 {"model": MODEL, "input": marker, "background": True},
-                 {"model": MODEL, "input": "go on", "previous_response_id": kept.json()["id"], "store": False}):
+    for body in (
+        {"model": MODEL, "input": marker},
+        {"model": MODEL, "input": marker, "stream": True},
+        {"model": MODEL, "input": marker, "background": True},
+        {"model": MODEL, "input": "go on", "previous_response_id": kept.json()["id"], "store": False},
+    ):
         resp = http.post("/v1/responses", json=body)
         assert resp.status_code == 503, (body, resp.status_code, resp.text)
         assert resp.json()["error"]["code"] == "storage_unavailable"
-    assert not [r for r in redis_stack.engine_requests() if marker in r.get("prompt_text", "")], \
+    assert not [r for r in redis_stack.engine_requests() if marker in r.get("prompt_text", "")], (
         "the engine worked for a response that could not be stored"
+    )
     # what needs no storage still works
     chat = http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
     assert chat.status_code == 200, chat.text

@@ -26,12 +26,15 @@ from services.common.infra import ManagedProcess, free_port, wait_for_port
 from tests.e2e.conftest import MODEL, RunningStack
 
 # without ``strict``, as clients send it (openai-python's type requires the key)
-WEATHER = cast(FunctionToolParam, {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-})
+WEATHER = cast(
+    FunctionToolParam,
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+)
 
 
 def _types(output: list[ResponseOutputItem]) -> list[str]:
@@ -71,9 +74,16 @@ def test_streamed_events_and_bookkeeping(stack: RunningStack) -> None:
     assert kinds[:2] == ["response.created", "response.in_progress"]
     assert kinds[-1] == "response.completed"
     assert [e.sequence_number for e in events] == list(range(len(events)))
-    for needed in ("response.output_item.added", "response.reasoning_text.delta", "response.reasoning_text.done",
-                   "response.content_part.added", "response.output_text.delta", "response.output_text.done",
-                   "response.content_part.done", "response.output_item.done"):
+    for needed in (
+        "response.output_item.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ):
         assert needed in kinds, needed
     added = [e.output_index for e in events if e.type == "response.output_item.added"]
     done = [e.output_index for e in events if e.type == "response.output_item.done"]
@@ -104,7 +114,9 @@ def test_function_tool_round_trip_with_previous_response_id(stack: RunningStack)
     (call,) = [i for i in first.output if i.type == "function_call"]
     assert call.call_id.startswith("call_")
     second = client.responses.create(
-        model=MODEL, previous_response_id=first.id, tools=[WEATHER],
+        model=MODEL,
+        previous_response_id=first.id,
+        tools=[WEATHER],
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Cloudy, 17 C"}],
     )
     assert second.status == "completed"
@@ -115,8 +127,9 @@ def test_multi_turn_chain_reaches_the_engine(stack: RunningStack) -> None:
     client = stack.client()
     r1 = client.responses.create(model=MODEL, input="My name is Ada and I like zebras.")
     r2 = client.responses.create(model=MODEL, input="What animal do I like?", previous_response_id=r1.id)
-    r3 = client.responses.create(model=MODEL, input="And my name?", previous_response_id=r2.id,
-                                 instructions="Answer in one word.")
+    r3 = client.responses.create(
+        model=MODEL, input="And my name?", previous_response_id=r2.id, instructions="Answer in one word."
+    )
     prompt = stack.engine_prompt(r3.id)
     assert "My name is Ada and I like zebras." in prompt
     assert "What animal do I like?" in prompt and "And my name?" in prompt
@@ -131,8 +144,7 @@ def test_stateless_history_matches_previous_response_id(stack: RunningStack) -> 
     first = client.responses.create(model=MODEL, input="What is the weather in Oslo?", tools=[WEATHER])
     call = next(i for i in first.output if i.type == "function_call")
     output_item: FunctionCallOutput = {"type": "function_call_output", "call_id": call.call_id, "output": "Snow"}
-    chained = client.responses.create(model=MODEL, previous_response_id=first.id, tools=[WEATHER],
-                                      input=[output_item])
+    chained = client.responses.create(model=MODEL, previous_response_id=first.id, tools=[WEATHER], input=[output_item])
     history: list[ResponseInputItemParam] = [{"role": "user", "content": "What is the weather in Oslo?"}]
     # each output item, dumped, is the input item that replays it
     history += [cast(ResponseInputItemParam, i.model_dump(exclude_none=True)) for i in first.output]
@@ -158,9 +170,14 @@ def test_store_false_and_delete(stack: RunningStack) -> None:
 
 def test_input_items_pagination(stack: RunningStack) -> None:
     client = stack.client()
-    resp = client.responses.create(model=MODEL, input=[
-        {"role": "user", "content": "one"}, {"role": "user", "content": "two"}, {"role": "user", "content": "three"},
-    ])
+    resp = client.responses.create(
+        model=MODEL,
+        input=[
+            {"role": "user", "content": "one"},
+            {"role": "user", "content": "two"},
+            {"role": "user", "content": "three"},
+        ],
+    )
     page = client.responses.input_items.list(resp.id, limit=2, order="asc")
     assert len(page.data) == 2 and page.has_more
     rest = client.responses.input_items.list(resp.id, limit=2, order="asc", after=page.data[-1].id)
@@ -175,8 +192,7 @@ def test_max_output_tokens_is_incomplete(stack: RunningStack) -> None:
     assert resp.incomplete_details is not None and resp.incomplete_details.reason == "max_output_tokens"
     last = resp.output[-1] if resp.output else None
     assert isinstance(last, ResponseReasoningItem | ResponseOutputMessage) and last.status == "incomplete"
-    events = list(client.responses.create(model=MODEL, input="A long story please", max_output_tokens=16,
-                                          stream=True))
+    events = list(client.responses.create(model=MODEL, input="A long story please", max_output_tokens=16, stream=True))
     incomplete = events[-1]
     assert incomplete.type == "response.incomplete"
     assert incomplete.response.incomplete_details is not None
@@ -246,9 +262,14 @@ def test_gateway_restart_between_turns(stack: RunningStack) -> None:
 
     def gateway() -> tuple[ManagedProcess, str]:
         port = free_port()
-        env = {**os.environ, "CHORUS_NAMESPACE": stack.namespace, "CHORUS_PORT": str(port),
-               "CHORUS_MODELS": json.dumps([MODEL]), "CHORUS_NATS_URL": stack.nats_url,
-               "CHORUS_REDIS_URL": stack.redis_url}
+        env = {
+            **os.environ,
+            "CHORUS_NAMESPACE": stack.namespace,
+            "CHORUS_PORT": str(port),
+            "CHORUS_MODELS": json.dumps([MODEL]),
+            "CHORUS_NATS_URL": stack.nats_url,
+            "CHORUS_REDIS_URL": stack.redis_url,
+        }
         proc = ManagedProcess("gateway", [sys.executable, "-m", "services.cli", "serve", "gateway"])
         proc.proc = subprocess.Popen(proc.args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         wait_for_port("127.0.0.1", port, proc, timeout=30)
@@ -257,13 +278,15 @@ def test_gateway_restart_between_turns(stack: RunningStack) -> None:
     proc, url = gateway()
     try:
         first = openai.OpenAI(base_url=url, api_key="x", max_retries=0).responses.create(
-            model=MODEL, input="Remember the word pelican.")
+            model=MODEL, input="Remember the word pelican."
+        )
     finally:
         proc.stop()
     proc, url = gateway()
     try:
         second = openai.OpenAI(base_url=url, api_key="x", max_retries=0).responses.create(
-            model=MODEL, input="Which word?", previous_response_id=first.id)
+            model=MODEL, input="Which word?", previous_response_id=first.id
+        )
     finally:
         proc.stop()
     assert second.status == "completed"
@@ -284,8 +307,12 @@ def test_openai_agents_framework(stack: RunningStack) -> None:
 
     async def run() -> tuple[str, str]:
         client = stack.async_client()
-        agent = Agent(name="weather", instructions="Use tools.", tools=[get_weather],
-                      model=OpenAIResponsesModel(model=MODEL, openai_client=client))
+        agent = Agent(
+            name="weather",
+            instructions="Use tools.",
+            tools=[get_weather],
+            model=OpenAIResponsesModel(model=MODEL, openai_client=client),
+        )
         plain = await Runner.run(agent, "What is the weather in Lisbon?")
         streamed = Runner.run_streamed(agent, "What is the weather in Porto?")
         async for _ in streamed.stream_events():

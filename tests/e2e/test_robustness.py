@@ -14,45 +14,110 @@ from openai.types.responses import FunctionToolParam
 
 from tests.e2e.conftest import MODEL, RunningStack
 
-TOOL: ChatCompletionFunctionToolParam = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TOOL: ChatCompletionFunctionToolParam = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 # without ``strict``, as clients send it (openai-python's type requires the key)
-RESP_TOOL = cast(FunctionToolParam, {"type": "function", "name": "get_weather",
-                                     "parameters": TOOL["function"]["parameters"]})
+RESP_TOOL = cast(
+    FunctionToolParam, {"type": "function", "name": "get_weather", "parameters": TOOL["function"]["parameters"]}
+)
 
 # (name, raw harmony the model wrote, tools offered, expected content substring or None,
 #  expected reasoning substring or None, expected tool call (name, city) or None)
 Case = tuple[str, str, bool, str | None, str | None, tuple[str, str] | None]
 CASES: list[Case] = [
-    ("text before any header (refusal)", "I can't help with that.<|end|>", False,
-     "I can't help with that.", None, None),
-    ("junk words between channel and message",
-     "<|channel|>analysis junk words<|message|>Thinking it over.<|end|><|start|>assistant<|channel|>final<|message|>Here you go.<|return|>",
-     False, "Here you go.", "Thinking it over.", None),
-    ("final-only answer", "<|channel|>final<|message|>Just the answer.<|return|>", False, "Just the answer.", None, None),
-    ("missing <|constrain|>",
-     "<|channel|>commentary to=functions.get_weather<|message|>{\"city\": \"Rome\"}<|call|>", True, None, None,
-     ("get_weather", "Rome")),
-    ("recipient before the channel",
-     "<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{\"city\": \"Oslo\"}<|call|>",
-     True, None, None, ("get_weather", "Oslo")),
-    ("tool call on the analysis channel",
-     "<|channel|>analysis to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Lima\"}<|call|>",
-     True, None, None, ("get_weather", "Lima")),
-    ("bare recipient without functions.",
-     "<|channel|>commentary to=get_weather <|constrain|>json<|message|>{\"city\": \"Kyiv\"}<|call|>",
-     True, None, None, ("get_weather", "Kyiv")),
-    ("tool call JSON written in the final channel",
-     "<|channel|>final<|message|>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Cairo\"}}<|return|>",
-     True, None, None, ("get_weather", "Cairo")),
-    ("doubly nested tool call in a json block",
-     "<|channel|>final<|message|>```json\n{\"tool\": \"get_weather\", \"arguments\": {\"tool\": \"get_weather\", \"arguments\": {\"city\": \"Quito\"}}}\n```<|return|>",
-     True, None, None, ("get_weather", "Quito")),
-    ("JSON in the final channel without tools stays text",
-     "<|channel|>final<|message|>{\"name\": \"get_weather\"}<|return|>", False, "{\"name\": \"get_weather\"}", None, None),
-    ("<|endoftext|> as a boundary",
-     "<|channel|>analysis<|message|>Hmm.<|endoftext|><|start|>assistant<|channel|>final<|message|>Done.<|return|>",
-     False, "Done.", "Hmm.", None),
+    (
+        "text before any header (refusal)",
+        "I can't help with that.<|end|>",
+        False,
+        "I can't help with that.",
+        None,
+        None,
+    ),
+    (
+        "junk words between channel and message",
+        "<|channel|>analysis junk words<|message|>Thinking it over.<|end|><|start|>assistant<|channel|>final<|message|>Here you go.<|return|>",
+        False,
+        "Here you go.",
+        "Thinking it over.",
+        None,
+    ),
+    (
+        "final-only answer",
+        "<|channel|>final<|message|>Just the answer.<|return|>",
+        False,
+        "Just the answer.",
+        None,
+        None,
+    ),
+    (
+        "missing <|constrain|>",
+        '<|channel|>commentary to=functions.get_weather<|message|>{"city": "Rome"}<|call|>',
+        True,
+        None,
+        None,
+        ("get_weather", "Rome"),
+    ),
+    (
+        "recipient before the channel",
+        '<|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json<|message|>{"city": "Oslo"}<|call|>',
+        True,
+        None,
+        None,
+        ("get_weather", "Oslo"),
+    ),
+    (
+        "tool call on the analysis channel",
+        '<|channel|>analysis to=functions.get_weather <|constrain|>json<|message|>{"city": "Lima"}<|call|>',
+        True,
+        None,
+        None,
+        ("get_weather", "Lima"),
+    ),
+    (
+        "bare recipient without functions.",
+        '<|channel|>commentary to=get_weather <|constrain|>json<|message|>{"city": "Kyiv"}<|call|>',
+        True,
+        None,
+        None,
+        ("get_weather", "Kyiv"),
+    ),
+    (
+        "tool call JSON written in the final channel",
+        '<|channel|>final<|message|>{"name": "get_weather", "arguments": {"city": "Cairo"}}<|return|>',
+        True,
+        None,
+        None,
+        ("get_weather", "Cairo"),
+    ),
+    (
+        "doubly nested tool call in a json block",
+        '<|channel|>final<|message|>```json\n{"tool": "get_weather", "arguments": {"tool": "get_weather", "arguments": {"city": "Quito"}}}\n```<|return|>',
+        True,
+        None,
+        None,
+        ("get_weather", "Quito"),
+    ),
+    (
+        "JSON in the final channel without tools stays text",
+        '<|channel|>final<|message|>{"name": "get_weather"}<|return|>',
+        False,
+        '{"name": "get_weather"}',
+        None,
+        None,
+    ),
+    (
+        "<|endoftext|> as a boundary",
+        "<|channel|>analysis<|message|>Hmm.<|endoftext|><|start|>assistant<|channel|>final<|message|>Done.<|return|>",
+        False,
+        "Done.",
+        "Hmm.",
+        None,
+    ),
 ]
 
 
@@ -71,7 +136,9 @@ def test_chat_recovers(stack: RunningStack, case: Case, stream: bool) -> None:
     if stream:
         chunks = list(client.chat.completions.create(model=MODEL, messages=messages, tools=tools, stream=True))
         got_content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        got_reasoning = "".join((c.choices[0].delta.model_extra or {}).get("reasoning") or "" for c in chunks if c.choices)
+        got_reasoning = "".join(
+            (c.choices[0].delta.model_extra or {}).get("reasoning") or "" for c in chunks if c.choices
+        )
         deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
         assert all(d.function for d in deltas)
         calls = [(d.function.name, "") for d in deltas if d.id and d.function]
@@ -132,9 +199,10 @@ def test_responses_recovers(stack: RunningStack, case: Case, stream: bool) -> No
 
 def test_cut_inside_tool_arguments_is_marked(stack: RunningStack) -> None:
     client = stack.client()
-    raw = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Some very long city name that goes on\"}<|call|>"
-    resp = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": _prompt(raw)}],
-                                          tools=[TOOL], max_tokens=16)
+    raw = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Some very long city name that goes on"}<|call|>'
+    resp = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": _prompt(raw)}], tools=[TOOL], max_tokens=16
+    )
     assert resp.choices[0].finish_reason == "length"
     r = client.responses.create(model=MODEL, input=_prompt(raw), tools=[RESP_TOOL], max_output_tokens=16)
     assert r.status == "incomplete" and r.incomplete_details is not None

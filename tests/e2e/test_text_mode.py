@@ -22,8 +22,10 @@ from services.common.infra import free_port, wait_for_port
 from tests.e2e.conftest import MODEL, RunningStack, Stacks, start_stack
 
 TextStacks = tuple[RunningStack, RunningStack]  # (in front of /v1/completions, of /v1/chat/completions)
-HARMONY = ("<|channel|>analysis<|message|>The user wants a greeting.<|end|>"
-           "<|start|>assistant<|channel|>final<|message|>Hello from text mode!<|return|>")
+HARMONY = (
+    "<|channel|>analysis<|message|>The user wants a greeting.<|end|>"
+    "<|start|>assistant<|channel|>final<|message|>Hello from text mode!<|return|>"
+)
 
 
 def _last_user(messages: list[dict[str, Any]]) -> str:
@@ -40,7 +42,7 @@ async def completions(request: Request) -> StreamingResponse:
     assert isinstance(body["prompt"], str) and "<|start|>user" in body["prompt"]
 
     async def gen() -> AsyncIterator[bytes]:
-        pieces = [HARMONY[i:i + 3] for i in range(0, len(HARMONY), 3)]
+        pieces = [HARMONY[i : i + 3] for i in range(0, len(HARMONY), 3)]
         for i, piece in enumerate(pieces):  # the last text shares its chunk with finish_reason
             last = i == len(pieces) - 1
             yield _sse({"choices": [{"index": 0, "text": piece, "finish_reason": "stop" if last else None}]})
@@ -61,7 +63,7 @@ async def chat(request: Request) -> StreamingResponse:
         if "think" in style:
             text = "<think>Pondering.</think>Forty-two."
             for i in range(0, len(text), 3):
-                yield delta({"content": text[i:i + 3]})
+                yield delta({"content": text[i : i + 3]})
             yield delta({}, "stop")
         elif "vllm" in style:
             for w in ["Reason", "ing."]:
@@ -74,8 +76,18 @@ async def chat(request: Request) -> StreamingResponse:
             yield delta({"content": "Final."})
             yield delta({"reasoning_content": None}, "stop")  # SGLang: a separate finish chunk
         elif "tool" in style:
-            yield delta({"tool_calls": [{"index": 0, "id": "x", "type": "function",
-                                         "function": {"name": "get_weather", "arguments": ""}}]})
+            yield delta(
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "x",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": ""},
+                        }
+                    ]
+                }
+            )
             yield delta({"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]})
             yield delta({"tool_calls": [{"index": 0, "function": {"arguments": '"Oslo"}'}}]}, "tool_calls")
         else:
@@ -91,9 +103,13 @@ async def models(_: Request) -> JSONResponse:
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[str]:
-    app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
-                            Route("/v1/chat/completions", chat, methods=["POST"]),
-                            Route("/v1/models", models)])
+    app = Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models),
+        ]
+    )
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
@@ -137,12 +153,15 @@ def test_raw_harmony_text_from_completions(text_stacks: TextStacks, stream: bool
     assert reasoning == "The user wants a greeting."
 
 
-@pytest.mark.parametrize(("style", "content", "reasoning"), [
-    ("think", "Forty-two.", "Pondering."),
-    ("vllm", "Final.", "Reasoning."),
-    ("sglang", "Final.", "Reasoning."),
-    ("plain", "Plain words only.", None),
-])
+@pytest.mark.parametrize(
+    ("style", "content", "reasoning"),
+    [
+        ("think", "Forty-two.", "Pondering."),
+        ("vllm", "Final.", "Reasoning."),
+        ("sglang", "Final.", "Reasoning."),
+        ("plain", "Plain words only.", None),
+    ],
+)
 def test_chat_upstream_styles(text_stacks: TextStacks, style: str, content: str, reasoning: str | None) -> None:
     client = text_stacks[1].client()
     msg = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": style}]).choices[0].message
@@ -155,8 +174,10 @@ def test_chat_upstream_styles(text_stacks: TextStacks, style: str, content: str,
 def test_chat_upstream_tool_call(text_stacks: TextStacks) -> None:
     client = text_stacks[1].client()
     resp = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "tool"}],
-        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}])
+        model=MODEL,
+        messages=[{"role": "user", "content": "tool"}],
+        tools=[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}],
+    )
     assert resp.choices[0].finish_reason == "tool_calls"
     call = (resp.choices[0].message.tool_calls or [])[0]
     assert call.type == "function"

@@ -13,9 +13,15 @@ from openai.types.responses import FunctionToolParam, ResponsesServerEvent
 from tests.e2e.conftest import MODEL, RunningStack
 
 # without ``strict``, as clients send it (openai-python's type requires the key)
-WEATHER = cast(FunctionToolParam, {
-    "type": "function", "name": "get_weather", "description": "Current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}})
+WEATHER = cast(
+    FunctionToolParam,
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+)
 TERMINAL = ("response.completed", "response.incomplete", "response.failed", "error")
 
 
@@ -38,9 +44,13 @@ def test_a_tool_loop_on_one_socket_with_store_false(stack: RunningStack) -> None
         done = first[-1]
         assert done.type == "response.completed", done
         (call,) = [i for i in done.response.output if i.type == "function_call"]
-        conn.response.create(model=MODEL, previous_response_id=done.response.id, store=False, tools=[WEATHER],
-                             input=[{"type": "function_call_output", "call_id": call.call_id,
-                                     "output": "Snow, -3C"}])
+        conn.response.create(
+            model=MODEL,
+            previous_response_id=done.response.id,
+            store=False,
+            tools=[WEATHER],
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "Snow, -3C"}],
+        )
         second = until_done(conn)
         assert second[-1].type == "response.completed"
         assert "Snow, -3C" in second[-1].response.output_text

@@ -28,17 +28,26 @@ def _reference(req: EncodeRequest, encoding: HarmonyEncoding) -> list[int]:
 
 
 def _tool(description: str, prop: str = "city", enum: str = "Paris") -> FunctionTool:
-    return FunctionTool(name="get_weather", description=description, parameters={
-        "type": "object", "properties": {prop: {"type": "string", "description": description, "enum": [enum, "x"]}}})
+    return FunctionTool(
+        name="get_weather",
+        description=description,
+        parameters={
+            "type": "object",
+            "properties": {prop: {"type": "string", "description": description, "enum": [enum, "x"]}},
+        },
+    )
 
 
 def test_a_huge_word_anywhere_in_the_prefix_renders_in_linear_time(encoding: HarmonyEncoding) -> None:
     """100,000 characters of one word in seven places (openai-harmony alone: seconds for each)."""
     word = "a" * 100_000
-    req = EncodeRequest(model="m", items=[MessageItem(role="developer", content=f"dev {word}"),
-                                          MessageItem(role="user", content="hi")],
-                        instructions=f"first line\n{word}\nlast line", tools=[_tool(word, prop=word, enum=word)],
-                        namespaces=[ToolNamespace(name="files", description=word, tools=[_tool(f"x\n{word}")])])
+    req = EncodeRequest(
+        model="m",
+        items=[MessageItem(role="developer", content=f"dev {word}"), MessageItem(role="user", content="hi")],
+        instructions=f"first line\n{word}\nlast line",
+        tools=[_tool(word, prop=word, enum=word)],
+        namespaces=[ToolNamespace(name="files", description=word, tools=[_tool(f"x\n{word}")])],
+    )
     started = time.process_time()
     prompt = Renderer(encoding).render(req, TODAY)
     assert time.process_time() - started < 10
@@ -53,19 +62,25 @@ def test_the_size_of_tools_sends_a_render_to_the_pool() -> None:
     assert prompt_chars(req) > 600_000
 
 
-_LINE = st.lists(st.sampled_from(["word", "Wörter", "x1", "🦜", "'s", "//", "  ", "<|end|>", "-"]), min_size=300,
-                 max_size=900).map(" ".join)  # long lines, each with places a tokenizer splits
+_LINE = st.lists(
+    st.sampled_from(["word", "Wörter", "x1", "🦜", "'s", "//", "  ", "<|end|>", "-"]), min_size=300, max_size=900
+).map(" ".join)  # long lines, each with places a tokenizer splits
 _TEXT = st.lists(_LINE | st.sampled_from(["", "short", "a" * 500]), min_size=1, max_size=3).map("\n".join)
 
 
 @settings(max_examples=25, deadline=None)
 @given(instructions=_TEXT, description=_TEXT, developer=_TEXT)
-def test_long_lines_give_exactly_harmonys_tokens(encoding: HarmonyEncoding, instructions: str, description: str,
-                                                 developer: str) -> None:
+def test_long_lines_give_exactly_harmonys_tokens(
+    encoding: HarmonyEncoding, instructions: str, description: str, developer: str
+) -> None:
     """Exactly, as long as no run without a split point nears ``MAX_PIECE`` characters (such a
     run is cut, as services.common.tokens says, and only its tokens may differ)."""
-    req = EncodeRequest(model="m", instructions=instructions, tools=[_tool(description, enum=description[:3000])],
-                        items=[MessageItem(role="developer", content=developer), MessageItem(role="user", content="hi")])
+    req = EncodeRequest(
+        model="m",
+        instructions=instructions,
+        tools=[_tool(description, enum=description[:3000])],
+        items=[MessageItem(role="developer", content=developer), MessageItem(role="user", content="hi")],
+    )
     assert Renderer(encoding).render(req, TODAY).token_ids == _reference(req, encoding)
 
 
@@ -73,8 +88,10 @@ def test_a_prompt_past_the_context_is_refused_before_all_of_it_is_encoded(encodi
     """(found: a message of 4,100,000 characters, inside the body limit, took longer to encode
     than the request allows: a 504 where the caller's mistake is a 400)"""
     huge = "x" * 4_100_000  # about 512,000 tokens
-    for req in (EncodeRequest(model="m", items=[MessageItem(role="user", content=huge)]),
-                EncodeRequest(model="m", instructions=huge, items=[MessageItem(role="user", content="hi")])):
+    for req in (
+        EncodeRequest(model="m", items=[MessageItem(role="user", content=huge)]),
+        EncodeRequest(model="m", instructions=huge, items=[MessageItem(role="user", content="hi")]),
+    ):
         started = time.process_time()
         with pytest.raises(RenderError) as refused:
             Renderer(encoding).render(req, TODAY, limit=131_072)

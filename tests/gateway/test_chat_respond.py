@@ -52,18 +52,32 @@ def test_item_done_sends_text_that_was_held_back() -> None:
 
 def test_usage_shape() -> None:
     u = usage_json(Usage(prompt_tokens=3, completion_tokens=4, reasoning_tokens=2, cached_tokens=1))
-    assert u == {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7,
-                 "completion_tokens_details": {"reasoning_tokens": 2}, "prompt_tokens_details": {"cached_tokens": 1}}
+    assert u == {
+        "prompt_tokens": 3,
+        "completion_tokens": 4,
+        "total_tokens": 7,
+        "completion_tokens_details": {"reasoning_tokens": 2},
+        "prompt_tokens_details": {"cached_tokens": 1},
+    }
 
 
 def test_history_conversion_keeps_reasoning_preamble_and_calls() -> None:
-    items = messages_to_items([
-        ChatMessage(role="user", content="hi"),
-        ChatMessage.model_validate({"role": "assistant", "content": "Checking.", "thinking": "Plan.",
-                                    "tool_calls": [{"id": "c1", "type": "function",
-                                                    "function": {"name": "f", "arguments": {"x": 1}}}]}),
-        ChatMessage.model_validate({"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}]}),
-    ])
+    items = messages_to_items(
+        [
+            ChatMessage(role="user", content="hi"),
+            ChatMessage.model_validate(
+                {
+                    "role": "assistant",
+                    "content": "Checking.",
+                    "thinking": "Plan.",
+                    "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"x": 1}}}],
+                }
+            ),
+            ChatMessage.model_validate(
+                {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": "ok"}]}
+            ),
+        ]
+    )
     assert [i.type for i in items] == ["message", "reasoning", "message", "function_call", "function_call_output"]
     preamble, call, output = items[2], items[3], items[4]
     assert isinstance(preamble, MessageItem) and preamble.channel == "commentary"

@@ -10,15 +10,7 @@ from contracts.errors import BusError, ErrorCode
 from contracts.messages.encode import EncodeRequest
 from contracts.messages.generate import GenerateJob, GenerationAccepted, ParsedBatch, ParseSpec, SamplingParams
 from contracts.messages.items import ItemStatus, MessageItem
-from contracts.messages.parse import (
-    Failed,
-    Finished,
-    ItemAdded,
-    ItemDelta,
-    ItemDone,
-    ParseEvent,
-    Usage,
-)
+from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent, Usage
 from contracts.subjects import Subjects
 from services.common.bus import Bus
 from services.common.heartbeat import Peers
@@ -29,8 +21,15 @@ class Owner(Generations):
     """``Generations`` that records the attempts it is asked to send (its bus never connects)."""
 
     def __init__(self) -> None:
-        super().__init__(Bus(NatsClient(), Subjects("unit")), Peers(), "g1", accept_timeout=5.0,
-                         first_timeout=5.0, idle_timeout=5.0, max_resumes=3)
+        super().__init__(
+            Bus(NatsClient(), Subjects("unit")),
+            Peers(),
+            "g1",
+            accept_timeout=5.0,
+            first_timeout=5.0,
+            idle_timeout=5.0,
+            max_resumes=3,
+        )
         self.attempts: list[GenerateJob] = []
 
     async def submit(self, generation: Generation) -> None:
@@ -53,14 +52,34 @@ async def test_an_attempt_cut_by_the_engine_leaves_its_item_open_for_the_next() 
     await gen.owner.submit(gen)
     gen.deliver(GenerationAccepted(generation_id=gen.generation_id, dispatcher="d", worker="w", engine="sim"))
     engine_died = Failed(error=BusError(code=ErrorCode.ENGINE_UNAVAILABLE, message="the engine died", retryable=True))
-    gen.deliver(ParsedBatch(generation_id=gen.generation_id, offset=0, token_ids=[1, 2], events=[
-        ItemAdded(output_index=0, item=message("", "in_progress")), ItemDelta(output_index=0, delta="Hello "),
-        ItemDone(output_index=0, item=message("Hello ", "incomplete")), engine_died]))
+    gen.deliver(
+        ParsedBatch(
+            generation_id=gen.generation_id,
+            offset=0,
+            token_ids=[1, 2],
+            events=[
+                ItemAdded(output_index=0, item=message("", "in_progress")),
+                ItemDelta(output_index=0, delta="Hello "),
+                ItemDone(output_index=0, item=message("Hello ", "incomplete")),
+                engine_died,
+            ],
+        )
+    )
     # the second attempt (its id: request, turn 0, attempt 1) replays the two tokens, then goes on
-    gen.deliver(ParsedBatch(generation_id="r1.0.1", offset=0, token_ids=[1, 2, 3], events=[
-        ItemAdded(output_index=0, item=message("", "in_progress")), ItemDelta(output_index=0, delta="Hello "),
-        ItemDelta(output_index=0, delta="world"), ItemDone(output_index=0, item=message("Hello world")),
-        Finished(finish_reason="stop", usage=Usage())]))
+    gen.deliver(
+        ParsedBatch(
+            generation_id="r1.0.1",
+            offset=0,
+            token_ids=[1, 2, 3],
+            events=[
+                ItemAdded(output_index=0, item=message("", "in_progress")),
+                ItemDelta(output_index=0, delta="Hello "),
+                ItemDelta(output_index=0, delta="world"),
+                ItemDone(output_index=0, item=message("Hello world")),
+                Finished(finish_reason="stop", usage=Usage()),
+            ],
+        )
+    )
     seen: list[ParseEvent] = []
     async with asyncio.timeout(5):
         async for batch in gen.batches():

@@ -41,8 +41,7 @@ BROKEN = {
     "self": {"$ref": "#"},
     "loop through $defs": {"$defs": {"x": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"},
     "loop through anyOf": {"anyOf": [{"type": "string"}, {"$ref": "#"}]},
-    "loop through allOf and not": {"$defs": {"a": {"allOf": [{"not": {"$ref": "#/$defs/a"}}]}},
-                                   "$ref": "#/$defs/a"},
+    "loop through allOf and not": {"$defs": {"a": {"allOf": [{"not": {"$ref": "#/$defs/a"}}]}}, "$ref": "#/$defs/a"},
     "$schema not a string": {"$schema": []},
 }
 
@@ -50,11 +49,16 @@ FINE = {
     "recursion through a property": {"type": "object", "properties": {"next": {"$ref": "#"}}},
     "recursion through items": {"type": "array", "items": {"$ref": "#"}},
     "$defs": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "$defs": {"a": {"type": "string"}}},
-    "draft 7 definitions": {"$schema": "http://json-schema.org/draft-07/schema#",
-                            "properties": {"a": {"$ref": "#/definitions/a"}}, "definitions": {"a": {"type": "integer"}}},
+    "draft 7 definitions": {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "properties": {"a": {"$ref": "#/definitions/a"}},
+        "definitions": {"a": {"type": "integer"}},
+    },
     "a property called enum": {"properties": {"enum": {"type": "string"}, "b": {"$ref": "#/properties/enum"}}},
-    "escaped pointer": {"$defs": {"a/b": {"type": "string"}, "c~d": {"type": "null"}},
-                        "anyOf": [{"$ref": "#/$defs/a~1b"}, {"$ref": "#/$defs/c~0d"}]},
+    "escaped pointer": {
+        "$defs": {"a/b": {"type": "string"}, "c~d": {"type": "null"}},
+        "anyOf": [{"$ref": "#/$defs/a~1b"}, {"$ref": "#/$defs/c~0d"}],
+    },
     "$ref as data": {"enum": [{"$ref": "#/nowhere"}]},
     "root $id": {"$id": "http://example.com/s", "properties": {"a": {"$ref": "#/$defs/a"}}, "$defs": {"a": {}}},
 }
@@ -64,13 +68,20 @@ FINE = {
 def test_a_schema_whose_references_cannot_be_followed_is_a_400(schema: dict[str, Any]) -> None:
     assert schema_problem(schema)
     with pytest.raises(ApiError) as chat:
-        response_format_of(ChatRequest.model_validate({
-            "model": "m", "messages": [{"role": "user", "content": "hi"}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}}))
+        response_format_of(
+            ChatRequest.model_validate(
+                {
+                    "model": "m",
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}},
+                }
+            )
+        )
     assert chat.value.status_code == 400 and chat.value.error.param == "response_format.json_schema.schema"
     with pytest.raises(ApiError) as responses:  # pydantic re-raises the validator's ApiError as is
-        ResponsesRequest.model_validate({"model": "m", "input": "hi", "text": {
-            "format": {"type": "json_schema", "name": "x", "schema": schema}}})
+        ResponsesRequest.model_validate(
+            {"model": "m", "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}}
+        )
     assert responses.value.status_code == 400 and responses.value.error.param == "text.format.schema"
 
 
@@ -80,24 +91,71 @@ def test_references_inside_the_schema_are_fine(schema: dict[str, Any]) -> None:
     check("{}", ResponseFormat(name="x", json_schema=schema))  # the answer's check cannot fail either
 
 
-REFS = st.sampled_from(["#", "#/$defs/a", "#/$defs/b", "#/properties/x", "#/nope", "#a", "other", "#/allOf/0",
-                        "#/enum", "#/properties/enum", "#/items", "http://json-schema.org/draft-04/schema#",
-                        "https://json-schema.org/draft/2020-12/schema", "http://x/y"])
-KEYWORDS = st.sampled_from(["type", "properties", "items", "$ref", "$defs", "definitions", "allOf", "anyOf", "oneOf",
-                            "not", "if", "then", "else", "required", "additionalProperties", "enum", "const",
-                            "$dynamicRef", "$id", "$anchor", "$schema", "prefixItems", "dependentSchemas", "id",
-                            "contains", "propertyNames", "x", "a", "enum"])
+REFS = st.sampled_from(
+    [
+        "#",
+        "#/$defs/a",
+        "#/$defs/b",
+        "#/properties/x",
+        "#/nope",
+        "#a",
+        "other",
+        "#/allOf/0",
+        "#/enum",
+        "#/properties/enum",
+        "#/items",
+        "http://json-schema.org/draft-04/schema#",
+        "https://json-schema.org/draft/2020-12/schema",
+        "http://x/y",
+    ]
+)
+KEYWORDS = st.sampled_from(
+    [
+        "type",
+        "properties",
+        "items",
+        "$ref",
+        "$defs",
+        "definitions",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "if",
+        "then",
+        "else",
+        "required",
+        "additionalProperties",
+        "enum",
+        "const",
+        "$dynamicRef",
+        "$id",
+        "$anchor",
+        "$schema",
+        "prefixItems",
+        "dependentSchemas",
+        "id",
+        "contains",
+        "propertyNames",
+        "x",
+        "a",
+        "enum",
+    ]
+)
 
 
 def _schemas(children: st.SearchStrategy[Any]) -> st.SearchStrategy[dict[str, Any]]:
     return st.dictionaries(KEYWORDS, st.one_of(children, REFS, st.lists(children, max_size=3)), max_size=4)
 
 
-SCHEMAS = _schemas(st.recursive(st.booleans() | st.just({}) | st.sampled_from(["string", "object", 1]),
-                                _schemas, max_leaves=10))
-INSTANCES = st.recursive(st.none() | st.booleans() | st.integers(-2, 2) | st.sampled_from(["", "x"]),
-                         lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["x", "a"]), c, max_size=3),
-                         max_leaves=8)
+SCHEMAS = _schemas(
+    st.recursive(st.booleans() | st.just({}) | st.sampled_from(["string", "object", 1]), _schemas, max_leaves=10)
+)
+INSTANCES = st.recursive(
+    st.none() | st.booleans() | st.integers(-2, 2) | st.sampled_from(["", "x"]),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["x", "a"]), c, max_size=3),
+    max_leaves=8,
+)
 
 
 @settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
@@ -113,7 +171,10 @@ def test_an_answer_too_deep_to_check_is_a_failed_answer_not_a_crash() -> None:
     """(found: a recursive schema and an answer nested 400 deep raised RecursionError in the
     check: a 500 on Chat, a response stored as completed on Responses)"""
     fmt = ResponseFormat(name="x", json_schema={"type": "object", "properties": {"a": {"$ref": "#"}}})
-    assert check('{"a":' * 400 + "{}" + "}" * 400, fmt) == "the answer nests too deeply to be checked against the schema 'x'"
+    assert (
+        check('{"a":' * 400 + "{}" + "}" * 400, fmt)
+        == "the answer nests too deeply to be checked against the schema 'x'"
+    )
     assert check("[" * 100_000 + "]" * 100_000, fmt) == "the answer nests too deeply to be read"
     assert check('{"a":' * 20 + "{}" + "}" * 20, fmt) is None
 
@@ -130,18 +191,23 @@ def test_a_long_input_string_is_not_counted_as_items() -> None:
 
 
 def test_a_stop_string_is_limited_as_a_string() -> None:
-    assert ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}],
-                                       "stop": "a stop sequence of some length"}).stop_list == ["a stop sequence of some length"]
+    assert ChatRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": "a stop sequence of some length"}
+    ).stop_list == ["a stop sequence of some length"]
     with pytest.raises(ValueError, match="at most 16 items"):
         ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["s"] * 17})
 
 
-@pytest.mark.parametrize("item", [
-    {"type": "function_call", "call_id": "c", "name": "f", "namespace": "n" * 65},
-    {"type": "mcp_call", "id": "m", "server_label": "s" * 65, "name": "t"},
-    {"type": "mcp_call", "id": "m", "server_label": "s", "name": "t" * 257},
-    {"type": "mcp_approval_request", "id": "m", "server_label": "s" * 65, "name": "t"},
-], ids=["namespace", "mcp label", "mcp name", "approval label"])
+@pytest.mark.parametrize(
+    "item",
+    [
+        {"type": "function_call", "call_id": "c", "name": "f", "namespace": "n" * 65},
+        {"type": "mcp_call", "id": "m", "server_label": "s" * 65, "name": "t"},
+        {"type": "mcp_call", "id": "m", "server_label": "s", "name": "t" * 257},
+        {"type": "mcp_approval_request", "id": "m", "server_label": "s" * 65, "name": "t"},
+    ],
+    ids=["namespace", "mcp label", "mcp name", "approval label"],
+)
 def test_names_rendered_in_a_message_header_are_bounded(item: dict[str, Any]) -> None:
     """(found with a tool description of 4,100,000 characters: text openai-harmony renders
     itself is encoded in time quadratic in a word; a message header is such text)"""
@@ -170,8 +236,13 @@ async def _run_edge(app: ASGIApp) -> list[Message]:
 
 async def test_a_stream_that_fails_midway_ends_with_an_error_event() -> None:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+            }
+        )
         await send({"type": "http.response.body", "body": b"event: response.created\ndata: {}\n\n", "more_body": True})
         raise RuntimeError("a bug after the first event")
 

@@ -28,15 +28,17 @@ EVENT: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
 
 def _turn(suffix: str) -> list[ParseEvent]:
     rs = ReasoningItem(id=f"rs_{suffix}", text="", status="in_progress")
-    fc = FunctionCallItem(id=f"fc_{suffix}", call_id=f"call_{suffix}", name="f", arguments="",
-                          status="in_progress")
+    fc = FunctionCallItem(id=f"fc_{suffix}", call_id=f"call_{suffix}", name="f", arguments="", status="in_progress")
     msg = MessageItem(id=f"msg_{suffix}", role="assistant", content="", channel="final", status="in_progress")
     return [
-        ItemAdded(output_index=0, item=rs), ItemDelta(output_index=0, delta="Hm"),
+        ItemAdded(output_index=0, item=rs),
+        ItemDelta(output_index=0, delta="Hm"),
         ItemDone(output_index=0, item=rs.model_copy(update={"text": "Hm", "status": "completed"})),
-        ItemAdded(output_index=1, item=fc), ItemDelta(output_index=1, delta='{"a":1}'),
+        ItemAdded(output_index=1, item=fc),
+        ItemDelta(output_index=1, delta='{"a":1}'),
         ItemDone(output_index=1, item=fc.model_copy(update={"arguments": '{"a":1}', "status": "completed"})),
-        ItemAdded(output_index=2, item=msg), ItemDelta(output_index=2, delta="Hi"),
+        ItemAdded(output_index=2, item=msg),
+        ItemDelta(output_index=2, delta="Hi"),
         ItemDone(output_index=2, item=msg.model_copy(update={"content": "Hi", "status": "completed"})),
     ]
 
@@ -94,24 +96,39 @@ def test_open_items_are_closed_incomplete() -> None:
 
 def test_output_items_make_a_valid_response() -> None:
     items: list[ConversationItem] = [
-        ReasoningItem(id="rs_1", text="t"), MessageItem(id="msg_1", role="assistant", content="x"),
-        FunctionCallItem(id="fc_1", call_id="call_1", name="f", arguments="{}")]
-    resp = Response.model_validate({
-        "id": "resp_1", "object": "response", "created_at": 1, "model": "m", "parallel_tool_calls": True,
-        "tool_choice": "auto", "tools": [], "status": "completed",
-        "output": [output_item(i).model_dump() for i in items]})
+        ReasoningItem(id="rs_1", text="t"),
+        MessageItem(id="msg_1", role="assistant", content="x"),
+        FunctionCallItem(id="fc_1", call_id="call_1", name="f", arguments="{}"),
+    ]
+    resp = Response.model_validate(
+        {
+            "id": "resp_1",
+            "object": "response",
+            "created_at": 1,
+            "model": "m",
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "status": "completed",
+            "output": [output_item(i).model_dump() for i in items],
+        }
+    )
     assert resp.output_text == "x"
     assert isinstance(resp.output[1], ResponseOutputMessage) and resp.output[1].phase == "final_answer"
 
 
 def test_input_items_conversion_and_errors() -> None:
-    req = _request({"input": [
-        {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
-        {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "why"}]},
-        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
-        {"type": "function_call_output", "call_id": "c", "output": "ok"},
-        {"type": "message", "role": "assistant", "content": "Checking.", "phase": "commentary"},
-    ]})
+    req = _request(
+        {
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+                {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "why"}]},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c", "output": "ok"},
+                {"type": "message", "role": "assistant", "content": "Checking.", "phase": "commentary"},
+            ]
+        }
+    )
     items = input_items(req.input, {})
     assert [i.type for i in items] == ["message", "reasoning", "function_call", "function_call_output", "message"]
     assert isinstance(items[0], MessageItem) and items[0].content == "ab"
@@ -119,8 +136,9 @@ def test_input_items_conversion_and_errors() -> None:
     assert all(i.id for i in items)
     assert isinstance(items[4], MessageItem) and items[4].channel == "commentary"
     with pytest.raises(ApiError) as err:
-        input_items(_request({"input": [{"role": "user", "content": [
-            {"type": "input_image", "image_url": "x"}]}]}).input, {})
+        input_items(
+            _request({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}).input, {}
+        )
     assert err.value.error.param == "input[0].content[0].type"
     with pytest.raises(ApiError) as err:
         _request({"input": [{"type": "computer_call"}]})

@@ -20,28 +20,32 @@ VARIABLE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*):-(?P<default>[^}]*)
 ONE_VARIABLE = re.compile(rf"^{VARIABLE.pattern}$")
 
 # the metrics the gateway serves at /metrics (aggregated across the stack)
-METRICS = frozenset({
-    "chorus_requests_total",
-    "chorus_request_duration_seconds",
-    "chorus_time_to_first_token_seconds",
-    "chorus_inter_token_latency_seconds",
-    "chorus_prompt_tokens_total",
-    "chorus_output_tokens_total",
-    "chorus_reasoning_tokens_total",
-    "chorus_requests_in_flight",
-    "chorus_engine_worker_up",
-    "chorus_engine_worker_in_flight",
-    "chorus_parser_recoveries_total",
-    "chorus_tool_calls_total",
-    "chorus_bus_hop_seconds",
-    "chorus_generation_resumes_total",
-})
-HISTOGRAMS = frozenset({
-    "chorus_request_duration_seconds",
-    "chorus_time_to_first_token_seconds",
-    "chorus_inter_token_latency_seconds",
-    "chorus_bus_hop_seconds",
-})
+METRICS = frozenset(
+    {
+        "chorus_requests_total",
+        "chorus_request_duration_seconds",
+        "chorus_time_to_first_token_seconds",
+        "chorus_inter_token_latency_seconds",
+        "chorus_prompt_tokens_total",
+        "chorus_output_tokens_total",
+        "chorus_reasoning_tokens_total",
+        "chorus_requests_in_flight",
+        "chorus_engine_worker_up",
+        "chorus_engine_worker_in_flight",
+        "chorus_parser_recoveries_total",
+        "chorus_tool_calls_total",
+        "chorus_bus_hop_seconds",
+        "chorus_generation_resumes_total",
+    }
+)
+HISTOGRAMS = frozenset(
+    {
+        "chorus_request_duration_seconds",
+        "chorus_time_to_first_token_seconds",
+        "chorus_inter_token_latency_seconds",
+        "chorus_bus_hop_seconds",
+    }
+)
 
 
 @cache
@@ -58,8 +62,9 @@ def services() -> dict[str, dict[str, Any]]:
 
 def chorus_services() -> dict[str, dict[str, Any]]:
     """The services built from infra/Dockerfile (one per `chorus serve NAME`)."""
-    return {name: svc for name, svc in services().items()
-            if svc.get("build", {}).get("dockerfile") == "infra/Dockerfile"}
+    return {
+        name: svc for name, svc in services().items() if svc.get("build", {}).get("dockerfile") == "infra/Dockerfile"
+    }
 
 
 def resolve(value: str, host_env: dict[str, str] | None = None) -> str:

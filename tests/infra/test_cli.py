@@ -38,8 +38,7 @@ READY_WITHIN_S = 90.0  # a whole stack's start-up on a busy 2-core machine, with
 
 def _env(**extra: str) -> dict[str, str]:
     """This environment without Chorus settings (each test says what it means)."""
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith("CHORUS_") and k not in ("NATS_URL", "REDIS_URL")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CHORUS_") and k not in ("NATS_URL", "REDIS_URL")}
     return {**base, **extra}
 
 
@@ -56,8 +55,14 @@ class Chorus:
 
     @classmethod
     def start(cls, *args: str, env: dict[str, str] | None = None) -> Chorus:
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", *args], cwd=ROOT, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or _env())
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", *args],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env or _env(),
+        )
         chorus = cls(proc)
         threading.Thread(target=chorus._read, daemon=True).start()
         return chorus
@@ -87,8 +92,10 @@ class Chorus:
                     return found
                 left = deadline - time.monotonic()
                 if self.done or left <= 0:
-                    raise AssertionError(f"no line matching {pattern!r} within {timeout:g}s "
-                                         f"(exit {self.proc.poll()}):\n{''.join(self.lines)}{self.logs()}")
+                    raise AssertionError(
+                        f"no line matching {pattern!r} within {timeout:g}s "
+                        f"(exit {self.proc.poll()}):\n{''.join(self.lines)}{self.logs()}"
+                    )
                 self.changed.wait(left)
 
     def finish(self, timeout: float) -> float:
@@ -125,8 +132,9 @@ class Chorus:
     def logs(self) -> str:
         if self.log_dir is None:
             return ""
-        return "".join(f"\n--- {f.name}\n{f.read_text(errors='replace')[-2000:]}"
-                       for f in sorted(self.log_dir.glob("*.log")))
+        return "".join(
+            f"\n--- {f.name}\n{f.read_text(errors='replace')[-2000:]}" for f in sorted(self.log_dir.glob("*.log"))
+        )
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -172,10 +180,8 @@ def engine_url(chorus: Chorus) -> str:
 
 def chat(port: int, text: str) -> str:
     """One chat completion; its id (which the engine sees as its request id)."""
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="chorus", max_retries=0,
-                           timeout=30)
-    return client.chat.completions.create(model=MODEL, max_tokens=16,
-                                          messages=[{"role": "user", "content": text}]).id
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="chorus", max_retries=0, timeout=30)
+    return client.chat.completions.create(model=MODEL, max_tokens=16, messages=[{"role": "user", "content": text}]).id
 
 
 def engine_saw(url: str) -> list[str]:
@@ -241,8 +247,7 @@ def test_a_namespace_in_use_on_the_same_nats_is_refused(pair: Pair) -> None:
     print(f"exit {second.proc.returncode} in {took:.1f}s: {second.output.strip()}")
     assert second.proc.returncode != 0
     assert took < FAIL_FAST_S, f"{took:.1f}s"
-    assert f"namespace {pair.namespace_b!r}" in second.output and "--namespace" in second.output, \
-        second.output
+    assert f"namespace {pair.namespace_b!r}" in second.output and "--namespace" in second.output, second.output
     assert len(second.output.strip().splitlines()) == 1, second.output
     assert "Traceback" not in second.output
 
@@ -252,8 +257,10 @@ def test_json_logs_from_every_service(pair: Pair) -> None:
     level, logger and message; the gateway's access line carries the request id."""
     _alive(pair)
     with httpx.Client(base_url=f"http://127.0.0.1:{pair.a.port}", timeout=30) as http:
-        resp = http.post("/v1/chat/completions", json={
-            "model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "json logs"}]})
+        resp = http.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "json logs"}]},
+        )
     assert resp.status_code == 200
     request_id = resp.headers["x-request-id"]
     assert pair.a.log_dir is not None
@@ -303,8 +310,17 @@ def test_an_unreachable_engine_is_reported_in_seconds_and_its_return_too(tmp_pat
     answers. This stack runs its own NATS and Redis (asked for at free ports), stopped last."""
     engine_port = free_port()
     nats, redis = f"nats://127.0.0.1:{free_port()}", f"redis://127.0.0.1:{free_port()}/0"
-    stack = up("--engine", f"vllm=http://127.0.0.1:{engine_port}", "--nats-url", nats,
-               "--redis-url", redis, "--startup-timeout", "300", log_dir=tmp_path)
+    stack = up(
+        "--engine",
+        f"vllm=http://127.0.0.1:{engine_port}",
+        "--nats-url",
+        nats,
+        "--redis-url",
+        redis,
+        "--startup-timeout",
+        "300",
+        log_dir=tmp_path,
+    )
     sim = None
     try:
         assert f"started nats-server (JetStream) at {nats}" in stack.wait_line("started nats-server", 30)
@@ -314,8 +330,9 @@ def test_an_unreachable_engine_is_reported_in_seconds_and_its_return_too(tmp_pat
         print(f"NOT READY {reported_after:.1f}s after NATS was up: {line.strip()}")
         assert f"http://127.0.0.1:{engine_port} is down" in line, line
         assert reported_after < 60, f"{reported_after:.1f}s"
-        sim = Chorus.start("serve", "sim-engine", env=_env(CHORUS_SIM_HOST="127.0.0.1",
-                                                           CHORUS_SIM_PORT=str(engine_port)))
+        sim = Chorus.start(
+            "serve", "sim-engine", env=_env(CHORUS_SIM_HOST="127.0.0.1", CHORUS_SIM_PORT=str(engine_port))
+        )
         stack.wait_line("chorus: ready at ", 30)
         took = stack.stop(signal.SIGTERM)
         print(f"engine up: ready; stopped (own NATS and Redis too) in {took:.2f}s")
@@ -351,13 +368,19 @@ def test_a_stack_starts_servers_of_its_own_on_free_ports() -> None:
                 proc.stop()
 
 
-@pytest.mark.parametrize("command", [["ping", "encoder"], ["serve", "encoder"], ["serve", "gateway"]],
-                         ids=" ".join)
+@pytest.mark.parametrize("command", [["ping", "encoder"], ["serve", "encoder"], ["serve", "gateway"]], ids=" ".join)
 def test_an_unreachable_nats_fails_in_seconds_with_one_line(command: list[str]) -> None:
     url = f"nats://127.0.0.1:{free_port()}"  # nothing listens there
     started = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "services.cli", *command], cwd=ROOT, text=True,
-                         capture_output=True, timeout=60, env=_env(CHORUS_NATS_URL=url), check=False)
+    run = subprocess.run(
+        [sys.executable, "-m", "services.cli", *command],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        env=_env(CHORUS_NATS_URL=url),
+        check=False,
+    )
     took = time.monotonic() - started
     lines = (run.stdout + run.stderr).strip().splitlines()
     print(f"exit {run.returncode} in {took:.1f}s: {lines}")
@@ -366,8 +389,11 @@ def test_an_unreachable_nats_fails_in_seconds_with_one_line(command: list[str]) 
     assert len(lines) == 1 and f"cannot reach NATS at {url}" in lines[0], lines
 
 
-@pytest.mark.parametrize("command", [["serve", "gateway", "--connect-timeout", "60"],
-                                     ["ping", "dispatcher", "--timeout", "60"]], ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    "command",
+    [["serve", "gateway", "--connect-timeout", "60"], ["ping", "dispatcher", "--timeout", "60"]],
+    ids=lambda c: c[0],
+)
 def test_sigterm_is_obeyed_while_waiting_for_nats(command: list[str]) -> None:
     """A NATS that accepts the connection but never speaks: the command keeps trying until
     SIGTERM, then exits at once."""
@@ -392,8 +418,9 @@ def test_sigterm_is_obeyed_while_waiting_for_nats(command: list[str]) -> None:
 def test_an_encoder_killed_outright_takes_its_render_processes_along(nats_url: str) -> None:
     """Every process `chorus up` starts dies with its parent (PR_SET_PDEATHSIG), the encoder's
     render pool (forked, not exec'd: its inherited SIGTERM handler is reset) included."""
-    encoder = Chorus.start("serve", "encoder", env=_env(CHORUS_NATS_URL=nats_url,
-                                                         CHORUS_NAMESPACE=f"cli{uuid.uuid4().hex[:8]}"))
+    encoder = Chorus.start(
+        "serve", "encoder", env=_env(CHORUS_NATS_URL=nats_url, CHORUS_NAMESPACE=f"cli{uuid.uuid4().hex[:8]}")
+    )
     try:
         encoder.wait_line("encoder .*: serving", 60)
         workers = encoder.children()
@@ -409,8 +436,11 @@ def test_an_encoder_killed_outright_takes_its_render_processes_along(nats_url: s
 
 
 def test_log_format_json_from_the_environment() -> None:
-    sim = Chorus.start("serve", "sim-engine", env=_env(CHORUS_LOG_FORMAT="json", CHORUS_SIM_HOST="127.0.0.1",
-                                                        CHORUS_SIM_PORT=str(free_port())))
+    sim = Chorus.start(
+        "serve",
+        "sim-engine",
+        env=_env(CHORUS_LOG_FORMAT="json", CHORUS_SIM_HOST="127.0.0.1", CHORUS_SIM_PORT=str(free_port())),
+    )
     try:
         line = sim.wait_line("SIMULATED", 30)
     finally:
@@ -422,15 +452,29 @@ def test_log_format_json_from_the_environment() -> None:
 
 def test_version_and_every_help_shows_defaults() -> None:
     def run(*args: str) -> str:
-        done = subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=ROOT, text=True,
-                              capture_output=True, timeout=60, env=_env(), check=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "services.cli", *args],
+            cwd=ROOT,
+            text=True,
+            capture_output=True,
+            timeout=60,
+            env=_env(),
+            check=True,
+        )
         return done.stdout
 
     assert run("--version").strip() == f"chorus {importlib.metadata.version('chorus')}"
-    helps = {command: " ".join(run(*command.split(), "--help").split())
-             for command in ("up", "serve gateway", "ping encoder")}
-    for want in ("--port PORT the gateway's port (default: 8000)", "(default: 127.0.0.1)",
-                 "(default: 60.0)", "(default: text)", "parser processes (default: 2)"):
+    helps = {
+        command: " ".join(run(*command.split(), "--help").split())
+        for command in ("up", "serve gateway", "ping encoder")
+    }
+    for want in (
+        "--port PORT the gateway's port (default: 8000)",
+        "(default: 127.0.0.1)",
+        "(default: 60.0)",
+        "(default: text)",
+        "parser processes (default: 2)",
+    ):
         assert want in helps["up"], want
     assert "for NATS before giving up (default: 4.0)" in helps["serve gateway"]
     assert "wait for an answer (default: 3.0)" in helps["ping encoder"]

@@ -40,22 +40,34 @@ NOT_FROM_ENV = {
 # settings compose fixes for the container (healthchecks, published port and Prometheus use them)
 FIXED_IN_CONTAINER = {"host", "port", "liveness_file"}
 # compose defaults that differ from the services' own, on purpose (commented in the file)
-COMPOSE_DEFAULTS = {"nats_url", "redis_url", "otlp_endpoint", "engines", "host", "liveness_file",
-                    "nats_user", "nats_password"}
+COMPOSE_DEFAULTS = {
+    "nats_url",
+    "redis_url",
+    "otlp_endpoint",
+    "engines",
+    "host",
+    "liveness_file",
+    "nats_user",
+    "nats_password",
+}
 
 
 def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("CHORUS_", "OTEL_", "GF_", "JAEGER_", "GRAFANA_", "PROMETHEUS_"))
-            and k not in ("NATS_URL", "REDIS_URL")}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CHORUS_", "OTEL_", "GF_", "JAEGER_", "GRAFANA_", "PROMETHEUS_"))
+        and k not in ("NATS_URL", "REDIS_URL")
+    }
 
 
 def test_compose_matches_the_compose_spec_schema() -> None:
     exe = shutil.which("check-jsonschema")
     if exe is None:
         pytest.skip("check-jsonschema is not installed (pip install -e '.[test]')")
-    result = subprocess.run([exe, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [exe, "--builtin-schema", "vendor.compose-spec", str(COMPOSE)], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -63,8 +75,14 @@ def _docker_compose(*args: str, env: dict[str, str] | None = None) -> subprocess
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.skip("docker-compose is not installed (Debian: apt-get install docker-compose)")
-    return subprocess.run([exe, "-f", str(COMPOSE), *args], capture_output=True, text=True,
-                          check=False, cwd=ROOT, env={**_clean_env(), **(env or {})})
+    return subprocess.run(
+        [exe, "-f", str(COMPOSE), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+        env={**_clean_env(), **(env or {})},
+    )
 
 
 def test_docker_compose_config_accepts_the_file() -> None:
@@ -74,15 +92,19 @@ def test_docker_compose_config_accepts_the_file() -> None:
 
 def test_docker_compose_interpolates_engines_models_and_credentials() -> None:
     password = "p a$s'w\"d}{"
-    result = _docker_compose("config", env={
-        "CHORUS_ENGINES": '["vllm=http://gpu1:8000","sglang=http://gpu2:30000"]',
-        "CHORUS_MODELS": '["openai/gpt-oss-120b"]',
-        "CHORUS_NATS_PASSWORD": password,
-    })
+    result = _docker_compose(
+        "config",
+        env={
+            "CHORUS_ENGINES": '["vllm=http://gpu1:8000","sglang=http://gpu2:30000"]',
+            "CHORUS_MODELS": '["openai/gpt-oss-120b"]',
+            "CHORUS_NATS_PASSWORD": password,
+        },
+    )
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout.replace("$$", "$"))["services"]  # its output escapes $
     assert resolved["dispatcher"]["environment"]["CHORUS_ENGINES"] == (
-        '["vllm=http://gpu1:8000","sglang=http://gpu2:30000"]')
+        '["vllm=http://gpu1:8000","sglang=http://gpu2:30000"]'
+    )
     assert resolved["gateway"]["environment"]["CHORUS_MODELS"] == '["openai/gpt-oss-120b"]'
     nats_cmd = resolved["nats"]["command"]
     assert nats_cmd[nats_cmd.index("--pass") + 1] == password
@@ -177,8 +199,11 @@ def _settings_cls(service: str) -> Any:
 def test_every_setting_comes_from_the_environment(service: str) -> None:
     settings_cls = _settings_cls(service)
     env = environment(service)
-    missing = [_env_names(settings_cls, field)[0] for field in settings_cls.model_fields
-               if field not in NOT_FROM_ENV and not set(_env_names(settings_cls, field)) & env.keys()]
+    missing = [
+        _env_names(settings_cls, field)[0]
+        for field in settings_cls.model_fields
+        if field not in NOT_FROM_ENV and not set(_env_names(settings_cls, field)) & env.keys()
+    ]
     assert not missing, f"{service}: add {missing} to its environment in docker-compose.yml"
     for field in settings_cls.model_fields:
         names = [n for n in _env_names(settings_cls, field) if n in env]
@@ -195,7 +220,8 @@ def test_every_setting_comes_from_the_environment(service: str) -> None:
         host = match["name"]
         suffix = names[0].removeprefix("CHORUS_")
         assert host == names[0] or host == f"CHORUS_{service.upper().replace('-', '_')}_{suffix}", (
-            f"{service}: {names[0]} reads ${host}")
+            f"{service}: {names[0]} reads ${host}"
+        )
 
 
 def test_a_host_variable_has_one_default() -> None:
@@ -221,7 +247,8 @@ def test_compose_defaults_are_the_services_defaults(service: str, monkeypatch: p
             continue
         assert getattr(composed, field) == getattr(own, field), (
             f"{service}: compose's default for {field} is {getattr(composed, field)!r}, "
-            f"the service's is {getattr(own, field)!r}")
+            f"the service's is {getattr(own, field)!r}"
+        )
 
 
 def test_services_drain_before_docker_kills_them() -> None:

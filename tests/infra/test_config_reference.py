@@ -19,9 +19,11 @@ REGENERATE = "python -m services.common.config_reference --write docs/configurat
 def test_the_documented_reference_is_the_generated_one() -> None:
     document = DOC.read_text()
     assert config_reference.BEGIN in document and config_reference.END in document, (
-        f"{DOC} lost its markers; put them back and run: {REGENERATE}")
+        f"{DOC} lost its markers; put them back and run: {REGENERATE}"
+    )
     assert config_reference.generated_part(document) == config_reference.render(), (
-        f"{DOC} is out of date with the settings classes; run: {REGENERATE}")
+        f"{DOC} is out of date with the settings classes; run: {REGENERATE}"
+    )
 
 
 def test_every_service_has_a_section() -> None:
@@ -49,7 +51,12 @@ def test_splicing_replaces_only_the_generated_part() -> None:
 
 
 def test_the_module_prints_the_reference() -> None:
-    result = subprocess.run([sys.executable, "-m", "services.common.config_reference"],
-                            cwd=ROOT, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "services.common.config_reference"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == config_reference.render()

@@ -26,8 +26,11 @@ HEALTHCHECK = INFRA / "healthcheck.sh"
 def _instructions() -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
     text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
-    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
-            for line in (raw.strip() for raw in text.splitlines()) if line and not line.startswith("#")]
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line.strip() else "")
+        for line in (raw.strip() for raw in text.splitlines())
+        if line and not line.startswith("#")
+    ]
 
 
 def _final_stage() -> list[tuple[str, str]]:
@@ -70,8 +73,14 @@ def _check(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("bash is not installed")
-    return subprocess.run([bash, str(HEALTHCHECK), *args], capture_output=True, text=True,
-                          timeout=10, check=False, env={"PATH": os.environ["PATH"], **(env or {})})
+    return subprocess.run(
+        [bash, str(HEALTHCHECK), *args],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+        env={"PATH": os.environ["PATH"], **(env or {})},
+    )
 
 
 def test_a_fresh_liveness_file_is_healthy_a_stale_or_missing_one_is_not(tmp_path: Path) -> None:
@@ -120,4 +129,3 @@ def test_the_http_check_wants_an_answer_below_500(http_port: int, tmp_path: Path
     # both checks at once: the liveness file is still required
     env = {"CHORUS_LIVENESS_FILE": str(tmp_path / "absent")}
     assert _check("--http", f"{http_port}/ok", env=env).returncode == 1
-

@@ -22,8 +22,11 @@ def auth_nats() -> Iterator[str]:
     if binary is None:
         pytest.skip("nats-server is not installed")
     port = free_port()
-    proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(port), "--user", "chorus", "--pass", PASSWORD],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [binary, "-a", "127.0.0.1", "-p", str(port), "--user", "chorus", "--pass", PASSWORD],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         yield f"nats://127.0.0.1:{port}"
     finally:
@@ -31,8 +34,9 @@ def auth_nats() -> Iterator[str]:
         proc.wait(10)
 
 
-async def test_services_connect_with_credentials_and_not_without(auth_nats: str,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_services_connect_with_credentials_and_not_without(
+    auth_nats: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     await asyncio.sleep(0.3)  # the server starts
     monkeypatch.setenv("CHORUS_NATS_USER", "chorus")
     monkeypatch.setenv("CHORUS_NATS_PASSWORD", PASSWORD)

@@ -13,14 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.infra.compose import (
-    HISTOGRAMS,
-    INFRA,
-    METRICS,
-    mount_source,
-    resolved_environment,
-    services,
-)
+from tests.infra.compose import HISTOGRAMS, INFRA, METRICS, mount_source, resolved_environment, services
 
 PROMETHEUS = INFRA / "prometheus.yml"
 GRAFANA = INFRA / "grafana"
@@ -57,8 +50,9 @@ def _base_metric(name: str) -> str:
 def test_prometheus_scrapes_the_gateway_metrics() -> None:
     config = yaml.safe_load(PROMETHEUS.read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    gateway = [job for job in jobs.values()
-               if any("gateway:8000" in sc["targets"] for sc in job.get("static_configs", []))]
+    gateway = [
+        job for job in jobs.values() if any("gateway:8000" in sc["targets"] for sc in job.get("static_configs", []))
+    ]
     assert len(gateway) == 1, "one job scrapes gateway:8000"
     assert gateway[0].get("metrics_path", "/metrics") == "/metrics"
     assert resolved_environment("gateway")["CHORUS_PORT"] == "8000"
@@ -70,8 +64,9 @@ def test_promtool_accepts_the_prometheus_config() -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
-    result = subprocess.run([promtool, "check", "config", "--syntax-only", str(PROMETHEUS)],
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [promtool, "check", "config", "--syntax-only", str(PROMETHEUS)], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -131,8 +126,9 @@ def test_every_panel_queries_the_chorus_metrics() -> None:
 def test_histograms_show_p50_and_p99_and_counters_show_rates() -> None:
     exprs = _exprs()
     for histogram in HISTOGRAMS:
-        quantiles = {q for e in exprs if f"{histogram}_bucket" in e
-                     for q in re.findall(r"histogram_quantile\((0\.\d+)", e)}
+        quantiles = {
+            q for e in exprs if f"{histogram}_bucket" in e for q in re.findall(r"histogram_quantile\((0\.\d+)", e)
+        }
         assert {"0.5", "0.99"} <= quantiles, histogram
         assert all("by (le" in e for e in exprs if f"{histogram}_bucket" in e), histogram
     for expr in exprs:
@@ -152,6 +148,5 @@ def test_promtool_parses_every_dashboard_query(tmp_path: Path) -> None:
         rules.append({"record": f"chorus:dashboard:query{i}", "expr": concrete})
     path = tmp_path / "rules.yml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
-    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True,
-                            check=False)
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr

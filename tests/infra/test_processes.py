@@ -64,8 +64,11 @@ def _nats(tmp: Path, password: str) -> Iterator[tuple[int, int]]:
     args = command("nats", {"CHORUS_NATS_PASSWORD": password})
     args[args.index("--config") + 1] = str(conf)
     port, monitor = free_port(), free_port()
-    proc = subprocess.Popen([nats_server_binary(), *args, "-a", "127.0.0.1", "-p", str(port), "-m", str(monitor)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [nats_server_binary(), *args, "-a", "127.0.0.1", "-p", str(port), "-m", str(monitor)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait(lambda: port_open("127.0.0.1", port), 15, "nats-server listens", proc)
         yield port, monitor
@@ -90,8 +93,11 @@ def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     tmp = tmp_path_factory.mktemp("redis")
     port = free_port()
     args = command("redis")[1:]
-    proc = subprocess.Popen([redis_server_binary(), *args, "--bind", "127.0.0.1", "--port", str(port),
-                             "--dir", str(tmp)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [redis_server_binary(), *args, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(tmp)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         _wait(lambda: port_open("127.0.0.1", port), 15, "redis-server listens", proc)
         yield port
@@ -110,10 +116,12 @@ async def test_nats_wants_the_credentials_and_serves_jetstream(nats_server: tupl
     with pytest.raises(nats.errors.Error, match="Authorization"):
         await nats.connect(url, allow_reconnect=False, connect_timeout=3, error_cb=_quiet)
     with pytest.raises(nats.errors.Error, match="Authorization"):
-        await nats.connect(url, user="chorus", password="chorus", allow_reconnect=False,
-                           connect_timeout=3, error_cb=_quiet)
-    nc = await nats.connect(url, user="chorus", password=PASSWORD, allow_reconnect=False,
-                            connect_timeout=3, error_cb=_quiet)
+        await nats.connect(
+            url, user="chorus", password="chorus", allow_reconnect=False, connect_timeout=3, error_cb=_quiet
+        )
+    nc = await nats.connect(
+        url, user="chorus", password=PASSWORD, allow_reconnect=False, connect_timeout=3, error_cb=_quiet
+    )
     try:
         assert nc.max_payload == 8 * 1024 * 1024
         store = await nc.jetstream().create_object_store(f"infra-{uuid.uuid4().hex[:8]}")
@@ -146,19 +154,26 @@ def _chorus() -> list[str]:
 
 
 def _service_env(name: str, tmp: Path, nats_port: int, **overrides: str) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("CHORUS_", "OTEL_"))
-            and k not in ("NATS_URL", "REDIS_URL")}
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("CHORUS_", "OTEL_")) and k not in ("NATS_URL", "REDIS_URL")
+    }
     env = {**base, **resolved_environment(name)}
     if "CHORUS_NATS_URL" in env:
-        env.update({
-            "CHORUS_NATS_PASSWORD": BUS_PASSWORD,  # as compose passes it when the host sets it
-            "CHORUS_NATS_URL": f"nats://{env['CHORUS_NATS_USER']}:{BUS_PASSWORD}@127.0.0.1:{nats_port}",
-        })
-    env.update({
-        "CHORUS_LIVENESS_FILE": str(tmp / f"{name}-{uuid.uuid4().hex[:6]}-alive"),
-        "OTEL_EXPORTER_OTLP_ENDPOINT": "",  # no Jaeger here
-        **overrides,
-    })
+        env.update(
+            {
+                "CHORUS_NATS_PASSWORD": BUS_PASSWORD,  # as compose passes it when the host sets it
+                "CHORUS_NATS_URL": f"nats://{env['CHORUS_NATS_USER']}:{BUS_PASSWORD}@127.0.0.1:{nats_port}",
+            }
+        )
+    env.update(
+        {
+            "CHORUS_LIVENESS_FILE": str(tmp / f"{name}-{uuid.uuid4().hex[:6]}-alive"),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": "",  # no Jaeger here
+            **overrides,
+        }
+    )
     return env
 
 
@@ -193,8 +208,14 @@ def _start(name: str, env: dict[str, str], tmp: Path, procs: list[subprocess.Pop
 
 async def _first_beat(bus_port: int, namespace: str, service: str, proc: subprocess.Popen[bytes]) -> None:
     """Until an instance of ``service`` beats on the bus: it is up and connected."""
-    nc = await nats.connect(f"nats://127.0.0.1:{bus_port}", user="chorus", password=BUS_PASSWORD,
-                            allow_reconnect=False, connect_timeout=3, error_cb=_quiet)
+    nc = await nats.connect(
+        f"nats://127.0.0.1:{bus_port}",
+        user="chorus",
+        password=BUS_PASSWORD,
+        allow_reconnect=False,
+        connect_timeout=3,
+        error_cb=_quiet,
+    )
     try:
         sub = await nc.subscribe(Subjects(namespace).heartbeat(service))
         deadline = time.monotonic() + STARTS_WITHIN_S
@@ -210,8 +231,9 @@ async def _first_beat(bus_port: int, namespace: str, service: str, proc: subproc
         await nc.close()
 
 
-async def test_each_parser_replica_has_its_own_health(bus_port: int, tmp_path: Path,
-                                                       started: list[subprocess.Popen[bytes]]) -> None:
+async def test_each_parser_replica_has_its_own_health(
+    bus_port: int, tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
     namespace = f"infra{uuid.uuid4().hex[:8]}"
     envs = [_service_env("parser", tmp_path, bus_port, CHORUS_NAMESPACE=namespace) for _ in range(2)]
     procs = [_start("parser", env, tmp_path, started) for env in envs]
@@ -224,23 +246,41 @@ async def test_each_parser_replica_has_its_own_health(bus_port: int, tmp_path: P
     assert _healthy(checks[1], envs[1]), "the other replica stays healthy"
 
 
-async def test_the_dispatcher_is_healthy_without_an_engine(bus_port: int, tmp_path: Path,
-                                                            started: list[subprocess.Popen[bytes]]) -> None:
+async def test_the_dispatcher_is_healthy_without_an_engine(
+    bus_port: int, tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
     namespace = f"infra{uuid.uuid4().hex[:8]}"
-    env = _service_env("dispatcher", tmp_path, bus_port, CHORUS_NAMESPACE=namespace,
-                       CHORUS_ENGINES=f"sim=http://127.0.0.1:{free_port()}")  # nothing listens there
+    env = _service_env(
+        "dispatcher",
+        tmp_path,
+        bus_port,
+        CHORUS_NAMESPACE=namespace,
+        CHORUS_ENGINES=f"sim=http://127.0.0.1:{free_port()}",
+    )  # nothing listens there
     proc = _start("dispatcher", env, tmp_path, started)
     await _first_beat(bus_port, namespace, "dispatcher", proc)
-    _wait(lambda: _healthy(_healthcheck("dispatcher", env), env), HEALTHY_AFTER_BEAT_S,
-          "dispatcher healthy with its engine down", proc)
+    _wait(
+        lambda: _healthy(_healthcheck("dispatcher", env), env),
+        HEALTHY_AFTER_BEAT_S,
+        "dispatcher healthy with its engine down",
+        proc,
+    )
 
 
 async def test_the_gateway_is_healthy_when_connected_and_serving(
-        bus_port: int, redis_port: int, tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
+    bus_port: int, redis_port: int, tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
     port = free_port()
     namespace = f"infra{uuid.uuid4().hex[:8]}"
-    env = _service_env("gateway", tmp_path, bus_port, CHORUS_HOST="127.0.0.1", CHORUS_PORT=str(port),
-                       CHORUS_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0", CHORUS_NAMESPACE=namespace)
+    env = _service_env(
+        "gateway",
+        tmp_path,
+        bus_port,
+        CHORUS_HOST="127.0.0.1",
+        CHORUS_PORT=str(port),
+        CHORUS_REDIS_URL=f"redis://127.0.0.1:{redis_port}/0",
+        CHORUS_NAMESPACE=namespace,
+    )
     proc = _start("gateway", env, tmp_path, started)
     check = _healthcheck("gateway", env, port)
     await _first_beat(bus_port, namespace, "gateway", proc)
@@ -249,8 +289,9 @@ async def test_the_gateway_is_healthy_when_connected_and_serving(
     assert not _healthy(check, env)
 
 
-def test_the_simulated_engine_is_healthy_when_it_answers(tmp_path: Path,
-                                                         started: list[subprocess.Popen[bytes]]) -> None:
+def test_the_simulated_engine_is_healthy_when_it_answers(
+    tmp_path: Path, started: list[subprocess.Popen[bytes]]
+) -> None:
     port = free_port()
     env = {**_service_env("sim-engine", tmp_path, 0), "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(port)}
     proc = _start("sim-engine", env, tmp_path, started)

@@ -30,8 +30,9 @@ from tests.e2e.conftest import MODEL, RunningStack, start_stack
 from tests.mcp_servers import serve_mcp
 
 SPANS_WITHIN_S = 20.0
-GATEWAY, ENCODER, DISPATCHER, PARSER, TOOLS = (f"chorus-{s}" for s in
-                                              ("gateway", "encoder", "dispatcher", "parser", "tools"))
+GATEWAY, ENCODER, DISPATCHER, PARSER, TOOLS = (
+    f"chorus-{s}" for s in ("gateway", "encoder", "dispatcher", "parser", "tools")
+)
 GENAI = f"chat {MODEL}"  # the gateway's span of an API request, both APIs
 ENGINE = f"text_completion {MODEL}"
 TURN = "responses.turn"
@@ -63,11 +64,18 @@ def _decode(body: bytes) -> list[SeenSpan]:
         resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
-                out.append(SeenSpan(
-                    service=resource.get("service.name", ""), name=span.name, trace_id=span.trace_id.hex(),
-                    span_id=span.span_id.hex(), parent_id=span.parent_span_id.hex(), kind=span.kind,
-                    attributes={a.key: _value(a.value) for a in span.attributes},
-                    events=tuple(e.name for e in span.events)))
+                out.append(
+                    SeenSpan(
+                        service=resource.get("service.name", ""),
+                        name=span.name,
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_id=span.parent_span_id.hex(),
+                        kind=span.kind,
+                        attributes={a.key: _value(a.value) for a in span.attributes},
+                        events=tuple(e.name for e in span.events),
+                    )
+                )
     return out
 
 
@@ -80,7 +88,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - the http.server API
+            def do_POST(self) -> None:  # the http.server API
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 encoding = self.headers.get("Content-Encoding", "")
                 if encoding == "gzip":
@@ -198,8 +206,9 @@ def assert_one_tree(trace: list[SeenSpan], caller_span: str = "") -> SeenSpan:
     return genai
 
 
-def assert_genai(span: SeenSpan, *, response_id: str, api: str, max_tokens: int, temperature: float,
-                 top_p: float) -> None:
+def assert_genai(
+    span: SeenSpan, *, response_id: str, api: str, max_tokens: int, temperature: float, top_p: float
+) -> None:
     """The GenAI semantic-convention attributes of the gateway's span."""
     a = span.attributes
     assert a["gen_ai.operation.name"] == "chat" and a["gen_ai.provider.name"] == "openai"
@@ -228,8 +237,11 @@ def assert_whole(receiver: Receiver, request_id: str, trace: list[SeenSpan]) -> 
     """Nothing of the request outside its trace: no generation of it elsewhere, no HTTP span
     of the API in a trace of its own; and no span named after a reply inbox anywhere."""
     spans = receiver.seen()
-    elsewhere = [s for s in spans if str(s.attributes.get("chorus.generation_id", "")).startswith(request_id)
-                 and s.trace_id != trace[0].trace_id]
+    elsewhere = [
+        s
+        for s in spans
+        if str(s.attributes.get("chorus.generation_id", "")).startswith(request_id) and s.trace_id != trace[0].trace_id
+    ]
     assert not elsewhere, f"spans of {request_id} in other traces: {elsewhere}"
     with_genai = {s.trace_id for s in spans if s.name == GENAI}
     api_routes = ("/v1/chat/completions", "/v1/responses")
@@ -246,8 +258,12 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def traced(receiver: Receiver, nats_url: str, redis_url: str) -> Iterator[RunningStack]:
-    stack = start_stack("tracing", nats_url, redis_url,
-                        env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "100"})
+    stack = start_stack(
+        "tracing",
+        nats_url,
+        redis_url,
+        env={"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "100"},
+    )
     try:
         yield stack
     finally:
@@ -257,11 +273,18 @@ def traced(receiver: Receiver, nats_url: str, redis_url: str) -> Iterator[Runnin
 async def test_streamed_chat_completion_is_one_trace(traced: RunningStack, receiver: Receiver) -> None:
     client = traced.async_client()
     stream = await client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Say hello"}], stream=True,
-        stream_options={"include_usage": True}, max_tokens=64, temperature=0.5, top_p=0.9)
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hello"}],
+        stream=True,
+        stream_options={"include_usage": True},
+        max_tokens=64,
+        temperature=0.5,
+        top_p=0.9,
+    )
     (request_id,) = {chunk.id async for chunk in stream}
-    trace = await receiver.trace_of(request_id, {(GATEWAY, GENAI): 1, (ENCODER, "render"): 1,
-                                                 (DISPATCHER, ENGINE): 1, (PARSER, "parse"): 1})
+    trace = await receiver.trace_of(
+        request_id, {(GATEWAY, GENAI): 1, (ENCODER, "render"): 1, (DISPATCHER, ENGINE): 1, (PARSER, "parse"): 1}
+    )
     genai = assert_one_tree(trace)
     assert {s.service for s in trace} == {GATEWAY, ENCODER, DISPATCHER, PARSER}
     for service in (ENCODER, DISPATCHER, PARSER):  # the job carries the GenAI span's context
@@ -276,13 +299,30 @@ async def test_response_with_a_function_call_is_one_trace(traced: RunningStack, 
     client = traced.async_client()
     # openai-python requires "strict"; the API (and this gateway) take a tool without it
     weather: FunctionToolParam = {  # type: ignore[typeddict-item]
-        "type": "function", "name": "get_weather", "description": "The weather in a city.",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-    resp = await client.responses.create(model=MODEL, input="What is the weather in Paris?", tools=[weather],
-                                         max_output_tokens=200, temperature=0.7, top_p=0.95)
+        "type": "function",
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    resp = await client.responses.create(
+        model=MODEL,
+        input="What is the weather in Paris?",
+        tools=[weather],
+        max_output_tokens=200,
+        temperature=0.7,
+        top_p=0.95,
+    )
     assert [i.type for i in resp.output][-1] == "function_call"
-    trace = await receiver.trace_of(resp.id, {(GATEWAY, GENAI): 1, (GATEWAY, TURN): 1, (ENCODER, "render"): 1,
-                                              (DISPATCHER, ENGINE): 1, (PARSER, "parse"): 1})
+    trace = await receiver.trace_of(
+        resp.id,
+        {
+            (GATEWAY, GENAI): 1,
+            (GATEWAY, TURN): 1,
+            (ENCODER, "render"): 1,
+            (DISPATCHER, ENGINE): 1,
+            (PARSER, "parse"): 1,
+        },
+    )
     genai = assert_one_tree(trace)
     assert {s.service for s in trace} == {GATEWAY, ENCODER, DISPATCHER, PARSER}
     turn = one(trace, GATEWAY, TURN)
@@ -299,13 +339,26 @@ async def test_mcp_tool_calls_join_the_trace(traced: RunningStack, receiver: Rec
     client = traced.async_client()
     async with serve_mcp() as server:
         resp = await client.responses.create(
-            model=MODEL, input="Please add two numbers with add", max_output_tokens=300, temperature=0.2,
-            top_p=0.5, tools=[{"type": "mcp", "server_label": "t", "server_url": server.url,
-                               "require_approval": "never"}])
+            model=MODEL,
+            input="Please add two numbers with add",
+            max_output_tokens=300,
+            temperature=0.2,
+            top_p=0.5,
+            tools=[{"type": "mcp", "server_label": "t", "server_url": server.url, "require_approval": "never"}],
+        )
     assert resp.status == "completed" and [i.type for i in resp.output if i.type == "mcp_call"] == ["mcp_call"]
-    trace = await receiver.trace_of(resp.id, {
-        (GATEWAY, GENAI): 1, (GATEWAY, TURN): 2, (ENCODER, "render"): 2, (DISPATCHER, ENGINE): 2,
-        (PARSER, "parse"): 2, (TOOLS, "tools/list"): 1, (TOOLS, "execute_tool add"): 1})
+    trace = await receiver.trace_of(
+        resp.id,
+        {
+            (GATEWAY, GENAI): 1,
+            (GATEWAY, TURN): 2,
+            (ENCODER, "render"): 2,
+            (DISPATCHER, ENGINE): 2,
+            (PARSER, "parse"): 2,
+            (TOOLS, "tools/list"): 1,
+            (TOOLS, "execute_tool add"): 1,
+        },
+    )
     genai = assert_one_tree(trace)
     assert {s.service for s in trace} == {GATEWAY, ENCODER, DISPATCHER, PARSER, TOOLS}
     call = one(trace, TOOLS, "execute_tool add")
@@ -325,10 +378,14 @@ async def test_mcp_tool_calls_join_the_trace(traced: RunningStack, receiver: Rec
 async def test_the_callers_traceparent_is_continued(traced: RunningStack, receiver: Receiver) -> None:
     trace_id, caller_span = secrets.token_hex(16), secrets.token_hex(8)
     completion = await traced.async_client().chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Say hello"}], max_tokens=32,
-        extra_headers={"traceparent": f"00-{trace_id}-{caller_span}-01"})
-    trace = await receiver.trace_of(completion.id, {(GATEWAY, GENAI): 1, (ENCODER, "render"): 1,
-                                                    (DISPATCHER, ENGINE): 1, (PARSER, "parse"): 1})
+        model=MODEL,
+        messages=[{"role": "user", "content": "Say hello"}],
+        max_tokens=32,
+        extra_headers={"traceparent": f"00-{trace_id}-{caller_span}-01"},
+    )
+    trace = await receiver.trace_of(
+        completion.id, {(GATEWAY, GENAI): 1, (ENCODER, "render"): 1, (DISPATCHER, ENGINE): 1, (PARSER, "parse"): 1}
+    )
     genai = assert_one_tree(trace, caller_span)
     assert genai.trace_id == trace_id
     assert {s.parent_id for s in trace if s.service != GATEWAY} == {genai.span_id}

@@ -23,14 +23,17 @@ ENC = harmony_encoding()
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
     max_leaves=12,
 )
 SPLITS = st.lists(st.integers(1, 7), max_size=40)
 # characters JSON is made of, and a few it is not: anything the model could write
-JUNK = st.text(alphabet=st.sampled_from(list('{}[]",:\' \n\t0123456789.-+eEtrufalsn\\ab/u')), max_size=40)
+JUNK = st.text(alphabet=st.sampled_from(list("{}[]\",:' \n\t0123456789.-+eEtrufalsn\\ab/u")), max_size=40)
 
 
 def pieces(text: str, sizes: list[int]) -> list[str]:
@@ -54,8 +57,9 @@ def stream(text: str, sizes: list[int]) -> tuple[str, str, str | None]:
 
 @SETTINGS
 @given(VALUES, st.sampled_from([None, 0, 2]), st.booleans(), st.sampled_from(["", " ", "\n "]), SPLITS)
-def test_valid_json_streams_as_it_comes(value: Any, indent: int | None, compact: bool, pad: str,
-                                        sizes: list[int]) -> None:
+def test_valid_json_streams_as_it_comes(
+    value: Any, indent: int | None, compact: bool, pad: str, sizes: list[int]
+) -> None:
     text = pad + json.dumps(value, indent=indent, separators=(",", ":") if compact else None) + pad
     args = ArgumentStream()
     for p in pieces(text, sizes):
@@ -86,8 +90,9 @@ def broken(draw: st.DrawFn) -> tuple[Any, str]:
         encoded = json.dumps(v, ensure_ascii=False)
         if isinstance(v, str):
             if draw(st.booleans()):
-                encoded = re.sub(r"\\[nt]|\\\\", lambda m: {"\\n": "\n", "\\t": "\t"}.get(m.group(), m.group()),
-                                 encoded)
+                encoded = re.sub(
+                    r"\\[nt]|\\\\", lambda m: {"\\n": "\n", "\\t": "\t"}.get(m.group(), m.group()), encoded
+                )
             if draw(st.booleans()):
                 encoded = _single_quoted(encoded)
         return encoded
@@ -130,25 +135,29 @@ def test_any_text_deltas_are_the_arguments(text: str, sizes: list[int]) -> None:
     assert (final, kind) == (text.strip(), None)
 
 
-@pytest.mark.parametrize(("text", "fixed"), [
-    ('{"city": "Pune",}', '{"city": "Pune"}'),
-    ('{"a":1 ,\n}', '{"a":1 \n}'),
-    ("[1, [2,], 3,]", "[1, [2], 3]"),
-    ("{'city': 'Pune'}", '{"city": "Pune"}'),
-    ("""{'q': 'say "hi"', "n": "it's"}""", '{"q": "say \\"hi\\"", "n": "it\'s"}'),
-    ("{'q': 'it\\'s'}", '{"q": "it\'s"}'),
-    ('{"code": "a\n\tb"}', '{"code": "a\\n\\tb"}'),
-    ('{"data":{"x":[1,2', '{"data":{"x":[1,2]}}'),
-    ('{"a": "x, }"', '{"a": "x, }"}'),
-    ('{"a": 1,', '{"a": 1}'),
-    ("", "{}"),
-])
+@pytest.mark.parametrize(
+    ("text", "fixed"),
+    [
+        ('{"city": "Pune",}', '{"city": "Pune"}'),
+        ('{"a":1 ,\n}', '{"a":1 \n}'),
+        ("[1, [2,], 3,]", "[1, [2], 3]"),
+        ("{'city': 'Pune'}", '{"city": "Pune"}'),
+        ("""{'q': 'say "hi"', "n": "it's"}""", '{"q": "say \\"hi\\"", "n": "it\'s"}'),
+        ("{'q': 'it\\'s'}", '{"q": "it\'s"}'),
+        ('{"code": "a\n\tb"}', '{"code": "a\\n\\tb"}'),
+        ('{"data":{"x":[1,2', '{"data":{"x":[1,2]}}'),
+        ('{"a": "x, }"', '{"a": "x, }"}'),
+        ('{"a": 1,', '{"a": 1}'),
+        ("", "{}"),
+    ],
+)
 def test_repairs_edit_only_where_the_text_breaks(text: str, fixed: str) -> None:
     assert repair_json(text) == (fixed, True)
 
 
-@pytest.mark.parametrize("text", ['{"a": }', '{"a"', '{"a": 1} extra', "city: Paris", '{"a": "open', '{"a": 0123}',
-                                  "[1 2]", '{"a": 1.}'])
+@pytest.mark.parametrize(
+    "text", ['{"a": }', '{"a"', '{"a": 1} extra', "city: Paris", '{"a": "open', '{"a": 0123}', "[1 2]", '{"a": 1.}']
+)
 def test_ambiguous_text_is_not_repaired(text: str) -> None:
     assert repair_json(text) == (text, False)
 
@@ -171,8 +180,10 @@ def _call_events(arguments: str, chunks: list[int]) -> tuple[str, str]:
 
 
 @SETTINGS
-@given(st.one_of(broken().map(lambda case: case[1]), JUNK,
-                 VALUES.map(lambda v: json.dumps(v, ensure_ascii=False))), st.lists(st.integers(1, 6), max_size=30))
+@given(
+    st.one_of(broken().map(lambda case: case[1]), JUNK, VALUES.map(lambda v: json.dumps(v, ensure_ascii=False))),
+    st.lists(st.integers(1, 6), max_size=30),
+)
 def test_session_streams_the_final_arguments(arguments: str, chunks: list[int]) -> None:
     streamed, done = _call_events(arguments, chunks)
     assert streamed == done

@@ -43,8 +43,14 @@ def token_ids(encoding: HarmonyEncoding, case: dict[str, Any]) -> list[int]:
     return ids
 
 
-def run(encoding: HarmonyEncoding, ids: list[int], tools: list[str], schemas: dict[str, Any] | None = None,
-        chunks: list[int] | None = None, finish: EngineFinishReason = "stop") -> list[ParseEvent]:
+def run(
+    encoding: HarmonyEncoding,
+    ids: list[int],
+    tools: list[str],
+    schemas: dict[str, Any] | None = None,
+    chunks: list[int] | None = None,
+    finish: EngineFinishReason = "stop",
+) -> list[ParseEvent]:
     session = ParseSession(encoding, "req-1", tools, [], schemas or {})
     events: list[ParseEvent] = []
     i = 0
@@ -69,8 +75,9 @@ def summarise(events: list[ParseEvent]) -> dict[str, Any]:
     return {
         "reasoning": "".join(i.text for i in done if isinstance(i, ReasoningItem)),
         "content": "".join(i.content for i in done if isinstance(i, MessageItem)),
-        "tool_calls": [{"name": i.name, "arguments": _args(i.arguments)} for i in done
-                       if isinstance(i, FunctionCallItem)],
+        "tool_calls": [
+            {"name": i.name, "arguments": _args(i.arguments)} for i in done if isinstance(i, FunctionCallItem)
+        ],
         "finish_reason": finished.finish_reason,
         "recoveries": finished.recoveries,
     }
@@ -189,35 +196,45 @@ def test_ids_are_deterministic_and_per_turn(encoding: HarmonyEncoding) -> None:
     assert a == b != c != d
 
 
-@pytest.mark.parametrize(("name", "kind"), [
-    ("tool_call_on_analysis", "tool_call_on_analysis"),
-    ("bare_recipient", "bare_recipient"),
-    ("hyphenated_tool_name", "tool_name_normalised"),
-    ("glued_json_after_tool_name", "tool_name_normalised"),
-    ("json_call_in_final", "json_tool_call"),
-    ("doubly_nested_call", "nested_tool_call"),
-    ("tool_call_in_prose", "prose_tool_call"),
-    ("arguments_trailing_comma_repaired", "arguments_repaired"),
-    ("arguments_single_quotes_repaired", "arguments_repaired"),
-    ("arguments_raw_newline_repaired", "arguments_repaired"),
-    ("json_block_after_prose", "prose_tool_call"),
-    ("tool_object_in_prose_without_arguments", "prose_tool_call"),
-    ("tool_inferred_from_arguments", "inferred_tool_call"),
-    ("call_to_unoffered_tool_stays_text", "unoffered_tool_call"),
-    ("call_without_tools_offered_stays_text", "unoffered_tool_call"),
-    ("call_to_unoffered_namespace_stays_text", "unoffered_tool_call"),
-    ("arguments_not_json_kept_verbatim", "arguments_not_json"),
-    ("control_text_tokens_in_content", "control_text_removed"),
-    ("invalid_utf8_bytes", None),
-    ("header_cut_by_end", "header_without_message"),
-    ("refusal_without_header", "body_in_header"),
-    ("start_inside_content_resyncs", "start_in_content"),
-    ("endoftext_boundary", "endoftext_boundary"),
-])
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [
+        ("tool_call_on_analysis", "tool_call_on_analysis"),
+        ("bare_recipient", "bare_recipient"),
+        ("hyphenated_tool_name", "tool_name_normalised"),
+        ("glued_json_after_tool_name", "tool_name_normalised"),
+        ("json_call_in_final", "json_tool_call"),
+        ("doubly_nested_call", "nested_tool_call"),
+        ("tool_call_in_prose", "prose_tool_call"),
+        ("arguments_trailing_comma_repaired", "arguments_repaired"),
+        ("arguments_single_quotes_repaired", "arguments_repaired"),
+        ("arguments_raw_newline_repaired", "arguments_repaired"),
+        ("json_block_after_prose", "prose_tool_call"),
+        ("tool_object_in_prose_without_arguments", "prose_tool_call"),
+        ("tool_inferred_from_arguments", "inferred_tool_call"),
+        ("call_to_unoffered_tool_stays_text", "unoffered_tool_call"),
+        ("call_without_tools_offered_stays_text", "unoffered_tool_call"),
+        ("call_to_unoffered_namespace_stays_text", "unoffered_tool_call"),
+        ("arguments_not_json_kept_verbatim", "arguments_not_json"),
+        ("control_text_tokens_in_content", "control_text_removed"),
+        ("invalid_utf8_bytes", None),
+        ("header_cut_by_end", "header_without_message"),
+        ("refusal_without_header", "body_in_header"),
+        ("start_inside_content_resyncs", "start_in_content"),
+        ("endoftext_boundary", "endoftext_boundary"),
+    ],
+)
 def test_recoveries_are_named(encoding: HarmonyEncoding, name: str, kind: str | None) -> None:
     case = next(c for c in CASES if c["name"] == name)
-    got = summarise(run(encoding, token_ids(encoding, case), case["tools"], case.get("schemas"),
-                        finish=case.get("engine_finish", "stop")))
+    got = summarise(
+        run(
+            encoding,
+            token_ids(encoding, case),
+            case["tools"],
+            case.get("schemas"),
+            finish=case.get("engine_finish", "stop"),
+        )
+    )
     if kind is None:
         assert got["recoveries"] == []
     else:

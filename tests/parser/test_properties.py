@@ -22,17 +22,7 @@ from hypothesis import strategies as st
 from contracts.messages.generate import EngineFinishReason
 from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
 from contracts.messages.parse import Finished, ItemDone, ParseEvent
-from services.common.harmony import (
-    CALL,
-    CHANNEL,
-    CONSTRAIN,
-    END,
-    ENDOFTEXT,
-    MESSAGE,
-    RETURN,
-    START,
-    harmony_encoding,
-)
+from services.common.harmony import CALL, CHANNEL, CONSTRAIN, END, ENDOFTEXT, MESSAGE, RETURN, START, harmony_encoding
 from services.parser.session import ParseSession
 from tests.parser.test_corpus import check_stream
 
@@ -122,8 +112,9 @@ def test_every_truncation_point(out: tuple[str, list[str]], data: st.DataObject)
     check_stream(events)
     assert isinstance(events[-1], Finished) and events[-1].finish_reason in ("length", "tool_calls")
     assert all("<|" not in f for f in fields(events))
-    assert [e.output_index for e in events if e.type == "item_added"] == \
-           [e.output_index for e in events if e.type == "item_done"]
+    assert [e.output_index for e in events if e.type == "item_added"] == [
+        e.output_index for e in events if e.type == "item_done"
+    ]
 
 
 @SETTINGS

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openai_harmony import (
-    Author,
-    Conversation,
-    DeveloperContent,
-    Message,
-    Role,
-    SystemContent,
-    ToolDescription,
-)
+from openai_harmony import Author, Conversation, DeveloperContent, Message, Role, SystemContent, ToolDescription
 
 from services.common.harmony import harmony_encoding
 
@@ -31,8 +23,7 @@ WEATHER = ToolDescription.new(
     },
 )
 LOOKUP = ToolDescription.new(
-    "lookup", "Look something up",
-    parameters={"type": "object", "properties": {"query": {"type": "string"}}},
+    "lookup", "Look something up", parameters={"type": "object", "properties": {"query": {"type": "string"}}}
 )
 
 

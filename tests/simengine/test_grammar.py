@@ -24,32 +24,64 @@ ANY = {"type": "any_text"}
 JSON = {"type": "json_schema", "json_schema": {"type": "object"}}
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("not json", "not valid JSON"),
-    ("[1]", "Structural tag must be an object"),
-    (json.dumps({"type": "grammar", "format": ANY}), 'type must be a string "structural_tag"'),
-    (json.dumps({"type": "structural_tag"}), "must have a format field"),
-    (tag({"type": "optional", "content": ANY}), "Format type not recognized: optional"),
-    (tag({"type": "const_string", "value": ""}), "non-empty string"),
-    (tag({"type": "any_text", "excludes": ["x"]}), "should not have any fields other than type"),
-    (tag({"type": "json_schema", "json_schema": "{}"}), "object or boolean"),
-    (tag({"type": "json_schema", "json_schema": {"type": "frob"}}), "Invalid JSON schema"),
-    (tag({"type": "sequence", "elements": []}), "at least one element"),
-    (tag({"type": "sequence", "elements": [ANY, JSON]}), "Only the last element in a sequence can be unlimited"),
-    (tag({"type": "or", "elements": [ANY, JSON]}), "both unlimited and limited"),
-    (tag({"type": "tag", "begin": "<a>", "content": ANY, "end": ""}), "end of the tag format cannot be empty"),
-    (tag({"type": "tag", "begin": "<a>", "content": JSON, "end": ["</a>"]}), "end field must be a string"),
-    (tag({"type": "triggered_tags", "triggers": [], "tags": []}), "triggers must be non-empty"),
-    (tag({"type": "triggered_tags", "triggers": ["<f"], "tags": [
-        {"type": "tag", "begin": "<g>", "content": JSON, "end": ""}]}), "does not match any trigger"),
-    (tag({"type": "triggered_tags", "triggers": ["<f", "<fu"], "tags": [
-        {"type": "tag", "begin": "<fun>", "content": JSON, "end": ""}]}), "matches multiple triggers"),
-    (tag({"type": "triggered_tags", "triggers": ["<f"], "tags": [
-        {"type": "tag", "begin": "<f>", "content": JSON, "end": ""}], "at_least_one": "yes"}), "must be a boolean"),
-    (tag({"type": "tags_with_separator", "tags": [{"begin": "<f>", "content": JSON, "end": ""}],
-          "separator": ""}), "separator field must be a non-empty string"),
-    (tag({"type": "regex", "pattern": "(unclosed"}), "Invalid regex"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json", "not valid JSON"),
+        ("[1]", "Structural tag must be an object"),
+        (json.dumps({"type": "grammar", "format": ANY}), 'type must be a string "structural_tag"'),
+        (json.dumps({"type": "structural_tag"}), "must have a format field"),
+        (tag({"type": "optional", "content": ANY}), "Format type not recognized: optional"),
+        (tag({"type": "const_string", "value": ""}), "non-empty string"),
+        (tag({"type": "any_text", "excludes": ["x"]}), "should not have any fields other than type"),
+        (tag({"type": "json_schema", "json_schema": "{}"}), "object or boolean"),
+        (tag({"type": "json_schema", "json_schema": {"type": "frob"}}), "Invalid JSON schema"),
+        (tag({"type": "sequence", "elements": []}), "at least one element"),
+        (tag({"type": "sequence", "elements": [ANY, JSON]}), "Only the last element in a sequence can be unlimited"),
+        (tag({"type": "or", "elements": [ANY, JSON]}), "both unlimited and limited"),
+        (tag({"type": "tag", "begin": "<a>", "content": ANY, "end": ""}), "end of the tag format cannot be empty"),
+        (tag({"type": "tag", "begin": "<a>", "content": JSON, "end": ["</a>"]}), "end field must be a string"),
+        (tag({"type": "triggered_tags", "triggers": [], "tags": []}), "triggers must be non-empty"),
+        (
+            tag(
+                {
+                    "type": "triggered_tags",
+                    "triggers": ["<f"],
+                    "tags": [{"type": "tag", "begin": "<g>", "content": JSON, "end": ""}],
+                }
+            ),
+            "does not match any trigger",
+        ),
+        (
+            tag(
+                {
+                    "type": "triggered_tags",
+                    "triggers": ["<f", "<fu"],
+                    "tags": [{"type": "tag", "begin": "<fun>", "content": JSON, "end": ""}],
+                }
+            ),
+            "matches multiple triggers",
+        ),
+        (
+            tag(
+                {
+                    "type": "triggered_tags",
+                    "triggers": ["<f"],
+                    "tags": [{"type": "tag", "begin": "<f>", "content": JSON, "end": ""}],
+                    "at_least_one": "yes",
+                }
+            ),
+            "must be a boolean",
+        ),
+        (
+            tag(
+                {"type": "tags_with_separator", "tags": [{"begin": "<f>", "content": JSON, "end": ""}], "separator": ""}
+            ),
+            "separator field must be a non-empty string",
+        ),
+        (tag({"type": "regex", "pattern": "(unclosed"}), "Invalid regex"),
+    ],
+)
 def test_structural_tags_xgrammar_refuses(text: str, message: str) -> None:
     with pytest.raises(GrammarError, match=message.replace("(", r"\(")):
         check_structural_tag(text)
@@ -57,9 +89,15 @@ def test_structural_tags_xgrammar_refuses(text: str, message: str) -> None:
 
 def test_structural_tags_xgrammar_takes() -> None:
     # vLLM's own gpt-oss reasoning tag (vllm/reasoning/gptoss_reasoning_parser.py)
-    vllm_tag = {"type": "structural_tag", "format": {"type": "triggered_tags", "tags": [
-        {"begin": "<|channel|>analysis<|message|>", "content": {"type": "any_text"}, "end": "<|end|>"}],
-        "triggers": ["<|channel|>analysis"], "stop_after_first": False}}
+    vllm_tag = {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "tags": [{"begin": "<|channel|>analysis<|message|>", "content": {"type": "any_text"}, "end": "<|end|>"}],
+            "triggers": ["<|channel|>analysis"],
+            "stop_after_first": False,
+        },
+    }
     assert check_structural_tag(json.dumps(vllm_tag)) == vllm_tag
     legacy = {"structures": [{"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}], "triggers": ["<f"]}
     assert check_structural_tag(json.dumps(legacy))["triggers"] == ["<f"]
@@ -69,29 +107,65 @@ def test_structural_tags_xgrammar_takes() -> None:
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "object"},
     {},
-    {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
-                                      "hot": {"type": "boolean"}, "note": {"type": ["string", "null"]}},
-     "required": ["city", "days", "hot", "note"], "additionalProperties": False},
-    {"type": "object", "properties": {"items": {"type": "array", "items": {"type": "string", "minLength": 2},
-                                                "minItems": 2}}, "required": ["items"]},
-    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 5, "maximum": 9},
-                                      "x": {"type": "number", "exclusiveMinimum": 0.5},
-                                      "m": {"type": "integer", "exclusiveMinimum": 3, "multipleOf": 5}},
-     "required": ["n", "x", "m"]},
-    {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "v": {"const": 3},
-                                      "when": {"type": "string", "format": "date-time"},
-                                      "id": {"type": "string", "format": "uuid"}},
-     "required": ["kind", "v", "when", "id"]},
-    {"$defs": {"step": {"type": "object", "properties": {"explanation": {"type": "string"},
-                                                          "output": {"type": "string"}},
-                        "required": ["explanation", "output"], "additionalProperties": False}},
-     "type": "object", "properties": {"steps": {"type": "array", "items": {"$ref": "#/$defs/step"}, "minItems": 1},
-                                      "final_answer": {"type": "string"}},
-     "required": ["steps", "final_answer"], "additionalProperties": False},
-    {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-               {"type": "string"}]},
-    {"allOf": [{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
-               {"properties": {"b": {"type": "number"}}, "required": ["b"]}]},
+    {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "hot": {"type": "boolean"},
+            "note": {"type": ["string", "null"]},
+        },
+        "required": ["city", "days", "hot", "note"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"items": {"type": "array", "items": {"type": "string", "minLength": 2}, "minItems": 2}},
+        "required": ["items"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "minimum": 5, "maximum": 9},
+            "x": {"type": "number", "exclusiveMinimum": 0.5},
+            "m": {"type": "integer", "exclusiveMinimum": 3, "multipleOf": 5},
+        },
+        "required": ["n", "x", "m"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "kind": {"enum": ["a", "b"]},
+            "v": {"const": 3},
+            "when": {"type": "string", "format": "date-time"},
+            "id": {"type": "string", "format": "uuid"},
+        },
+        "required": ["kind", "v", "when", "id"],
+    },
+    {
+        "$defs": {
+            "step": {
+                "type": "object",
+                "properties": {"explanation": {"type": "string"}, "output": {"type": "string"}},
+                "required": ["explanation", "output"],
+                "additionalProperties": False,
+            }
+        },
+        "type": "object",
+        "properties": {
+            "steps": {"type": "array", "items": {"$ref": "#/$defs/step"}, "minItems": 1},
+            "final_answer": {"type": "string"},
+        },
+        "required": ["steps", "final_answer"],
+        "additionalProperties": False,
+    },
+    {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"type": "string"}]},
+    {
+        "allOf": [
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},
+            {"properties": {"b": {"type": "number"}}, "required": ["b"]},
+        ]
+    },
     {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "minItems": 2},
     {"type": "string", "minLength": 3},
     {"type": "integer", "minimum": -4, "maximum": -2},
@@ -106,8 +180,7 @@ def test_minimal_instances_conform(schema: dict[str, Any]) -> None:
 
 
 def test_minimal_instance_of_required_only() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
-              "required": ["b"]}
+    schema = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}, "required": ["b"]}
     assert minimal_instance(schema) == {"b": 0}
     with pytest.raises(NoInstance):
         minimal_instance(False)

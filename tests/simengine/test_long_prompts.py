@@ -44,20 +44,41 @@ def spliced(prompt: list[int]) -> list[int]:
     renderer would take minutes on it)."""
     mark = ENC.encode(PLACEHOLDER, disallowed_special=())
     at = max(i for i in range(len(prompt)) if prompt[i : i + len(mark)] == mark)
-    return [*prompt[:at], *encode_text(ENC, WORD), *prompt[at + len(mark):]]
+    return [*prompt[:at], *encode_text(ENC, WORD), *prompt[at + len(mark) :]]
 
 
 def test_a_huge_enum_value_in_a_required_call_is_cut() -> None:
-    tool = ToolDescription.new("get_weather", "Weather", parameters={
-        "type": "object", "properties": {"city": {"type": "string", "enum": [PLACEHOLDER]}}, "required": ["city"]})
+    tool = ToolDescription.new(
+        "get_weather",
+        "Weather",
+        parameters={
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": [PLACEHOLDER]}},
+            "required": ["city"],
+        },
+    )
     started = time.process_time()
     script = plan(spliced(user_prompt("Weather?", tools=[tool])), ENC, Constraint(tools=("get_weather",)))
     assert time.process_time() - started < 5
     assert len(script.output_ids) < 2 * QUOTE_CHARS
 
 
-SPECIAL = st.sampled_from(["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|call|>", "<|return|>",
-                           "<|constrain|>", "<|endoftext|>", "<|reserved_200013|>", "<|nope|>", "<|", "|>"])
+SPECIAL = st.sampled_from(
+    [
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|channel|>",
+        "<|call|>",
+        "<|return|>",
+        "<|constrain|>",
+        "<|endoftext|>",
+        "<|reserved_200013|>",
+        "<|nope|>",
+        "<|",
+        "|>",
+    ]
+)
 
 
 @settings(max_examples=200, deadline=None)

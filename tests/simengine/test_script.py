@@ -11,37 +11,22 @@ from hypothesis import strategies as st
 
 from services.common.harmony import CALL, RETURN, harmony_encoding
 from services.simengine.prompt import parse_prompt, parse_tools
-from services.simengine.script import (
-    Directives,
-    filler_ids,
-    limit,
-    pick_value,
-    plan,
-)
-from tests.simengine.prompts import (
-    LOOKUP,
-    WEATHER,
-    parse_output,
-    tool_round,
-    user_prompt,
-)
+from services.simengine.script import Directives, filler_ids, limit, pick_value, plan
+from tests.simengine.prompts import LOOKUP, WEATHER, parse_output, tool_round, user_prompt
 
 ENC = harmony_encoding()
 
 
 def test_parse_messages_recovers_authors_channels_recipients() -> None:
     msgs = parse_prompt(tool_round("Weather in Paris?", '{"city":"Paris"}', "Sunny"), ENC.decode)
-    assert [m.author for m in msgs] == [
-        "system", "developer", "user", "assistant", "functions.get_weather"
-    ]
+    assert [m.author for m in msgs] == ["system", "developer", "user", "assistant", "functions.get_weather"]
     assert msgs[2].content == "Weather in Paris?"
     assert msgs[3].channel == "commentary" and msgs[3].recipient == "functions.get_weather"
     assert msgs[4].recipient == "assistant" and msgs[4].content == "Sunny"
 
 
 def test_parse_tools_reads_the_typescript_signatures() -> None:
-    dev = next(m for m in parse_prompt(user_prompt("hi", [WEATHER, LOOKUP]), ENC.decode)
-               if m.author == "developer")
+    dev = next(m for m in parse_prompt(user_prompt("hi", [WEATHER, LOOKUP]), ENC.decode) if m.author == "developer")
     tools = parse_tools(dev.content)
     assert [t.recipient for t in tools] == ["functions.get_weather", "functions.lookup"]
     props = {p.name: (p.type, p.optional) for p in tools[0].props}
@@ -65,9 +50,7 @@ def test_parse_tools_without_parameters_and_nested_objects() -> None:
         "} // namespace functions"
     )
     tools = parse_tools(text)
-    assert [(t.name, [p.name for p in t.props]) for t in tools] == [
-        ("ping", []), ("deep", ["opts", "name"])
-    ]
+    assert [(t.name, [p.name for p in t.props]) for t in tools] == [("ping", []), ("deep", ["opts", "name"])]
 
 
 def test_plain_message_gets_analysis_and_an_echoing_final_answer() -> None:
@@ -82,10 +65,8 @@ def test_plain_message_gets_analysis_and_an_echoing_final_answer() -> None:
 @pytest.mark.parametrize(
     ("text", "tool", "args"),
     [
-        ("What is the weather in Paris?", "get_weather",
-         {"city": "Paris", "unit": "c", "days": 1, "detailed": True}),
-        ("Weather in Oslo please", "get_weather",
-         {"city": "Oslo", "unit": "c", "days": 1, "detailed": True}),
+        ("What is the weather in Paris?", "get_weather", {"city": "Paris", "unit": "c", "days": 1, "detailed": True}),
+        ("Weather in Oslo please", "get_weather", {"city": "Oslo", "unit": "c", "days": 1, "detailed": True}),
         ("please lookup 'cats and dogs'", "lookup", {"query": "cats and dogs"}),
     ],
 )

@@ -40,15 +40,33 @@ async def http(sim: RunningSim) -> AsyncIterator[httpx.AsyncClient]:
 
 
 def vllm_body(prompt: list[int], rid: str, **kw: Any) -> dict[str, Any]:
-    return {"model": "openai/gpt-oss-20b", "prompt": prompt, "max_tokens": None, "stream": True,
-            "stream_options": {"include_usage": True}, "return_token_ids": True,
-            "skip_special_tokens": False, "stop_token_ids": STOPS, "request_id": rid, **kw}
+    return {
+        "model": "openai/gpt-oss-20b",
+        "prompt": prompt,
+        "max_tokens": None,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+        "skip_special_tokens": False,
+        "stop_token_ids": STOPS,
+        "request_id": rid,
+        **kw,
+    }
 
 
 def sglang_body(prompt: list[int], rid: str, **sp: Any) -> dict[str, Any]:
-    return {"input_ids": prompt, "rid": rid, "stream": True,
-            "sampling_params": {"max_new_tokens": 4096, "stop_token_ids": STOPS,
-                                "skip_special_tokens": False, "no_stop_trim": True, **sp}}
+    return {
+        "input_ids": prompt,
+        "rid": rid,
+        "stream": True,
+        "sampling_params": {
+            "max_new_tokens": 4096,
+            "stop_token_ids": STOPS,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+            **sp,
+        },
+    }
 
 
 async def events(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -270,11 +288,13 @@ async def test_vllm_max_tokens_limits(small: RunningSim) -> None:
         assert error["message"] == (
             f"'max_tokens' or 'max_completion_tokens' is too large: {257 - n}. This model's maximum "
             f"context length is 256 tokens and your request has {n} input tokens ({257 - n} > 256 - {n})."
-            f" (parameter=max_tokens, value={257 - n})")
+            f" (parameter=max_tokens, value={257 - n})"
+        )
         assert (error["param"], error["code"], error["type"]) == ("max_tokens", 400, "BadRequestError")
         full = await http.post("/v1/completions", json=vllm_body(list(range(1000, 1256)), "vl5"))
         assert full.status_code == 400 and full.json()["error"]["message"].startswith(
-            "This model's maximum context length is 256 tokens. However, your request has 256 input tokens.")
+            "This model's maximum context length is 256 tokens. However, your request has 256 input tokens."
+        )
         zero = await http.post("/v1/completions", json=vllm_body(prompt, "vl6", max_tokens=0))
         assert zero.status_code == 400 and "max_tokens must be at least 1, got 0." in zero.json()["error"]["message"]
 
@@ -294,15 +314,22 @@ async def test_sglang_max_new_tokens_limits(small: RunningSim) -> None:
     async with httpx.AsyncClient(base_url=small.url, timeout=10) as http:
         at_limit = sglang_body(prompt, "sl1", max_new_tokens=256 - n)
         event = await refused_stream(http, at_limit)
-        assert event == {"error": {"message": (
-            "Requested token count exceeds the model's maximum context length of 256 tokens. You "
-            f"requested a total of 256 tokens: {n} tokens from the input messages and {256 - n} tokens "
-            "for the completion. Please reduce the number of tokens in the input messages or the "
-            "completion to fit within the limit.")}}
+        assert event == {
+            "error": {
+                "message": (
+                    "Requested token count exceeds the model's maximum context length of 256 tokens. You "
+                    f"requested a total of 256 tokens: {n} tokens from the input messages and {256 - n} tokens "
+                    "for the completion. Please reduce the number of tokens in the input messages or the "
+                    "completion to fit within the limit."
+                )
+            }
+        }
         whole = await http.post("/generate", json={**at_limit, "stream": False, "rid": "sl2"})
         assert whole.status_code == 400 and whole.json()["error"]["message"].startswith("Requested token count")
         long = await refused_stream(http, sglang_body(list(range(1000, 1256)), "sl3", max_new_tokens=None))
-        assert long["error"]["message"] == "The input (256 tokens) is longer than the model's context length (256 tokens)."
+        assert (
+            long["error"]["message"] == "The input (256 tokens) is longer than the model's context length (256 tokens)."
+        )
         fits = await events(http, "/generate", sglang_body(prompt, "sl4", max_new_tokens=255 - n))
         assert fits[-1]["meta_info"]["finish_reason"]["type"] == "length"
         null = await events(http, "/generate", sglang_body(prompt, "sl5", max_new_tokens=None))
@@ -313,8 +340,12 @@ async def test_sglang_max_new_tokens_limits(small: RunningSim) -> None:
 
 
 # grammars: checked like the engines, obeyed by the script -------------------------------------
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
-          "required": ["city", "days"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
 
 
 def _final_text(ids: list[int]) -> str:
@@ -332,7 +363,9 @@ async def test_a_json_schema_grammar_gets_conforming_json(http: httpx.AsyncClien
     tag = json.dumps(structural_tag(OutputConstraint(final_schema=SCHEMA)))
     prompt = user_prompt("Plan my trip")
     if protocol == "vllm":
-        chunks = await events(http, "/v1/completions", vllm_body(prompt, "g1", structured_outputs={"structural_tag": tag}))
+        chunks = await events(
+            http, "/v1/completions", vllm_body(prompt, "g1", structured_outputs={"structural_tag": tag})
+        )
         ids = [t for c in chunks[:-1] for t in c["choices"][0]["token_ids"]]
     else:
         chunks = await events(http, "/generate", sglang_body(prompt, "g2", structural_tag=tag))
@@ -341,10 +374,13 @@ async def test_a_json_schema_grammar_gets_conforming_json(http: httpx.AsyncClien
     jsonschema.validate(answer, SCHEMA)
     assert answer == {"city": "", "days": 1}
     # vLLM's plain json constraint, and SGLang's json_schema, are obeyed too
-    plain = await http.post("/v1/completions", json=vllm_body(prompt, "g3", stream=False,
-                                                             structured_outputs={"json": SCHEMA}))
+    plain = await http.post(
+        "/v1/completions", json=vllm_body(prompt, "g3", stream=False, structured_outputs={"json": SCHEMA})
+    )
     jsonschema.validate(json.loads(_final_text(plain.json()["choices"][0]["token_ids"])), SCHEMA)
-    sg = await http.post("/generate", json={**sglang_body(prompt, "g4", json_schema=json.dumps(SCHEMA)), "stream": False})
+    sg = await http.post(
+        "/generate", json={**sglang_body(prompt, "g4", json_schema=json.dumps(SCHEMA)), "stream": False}
+    )
     jsonschema.validate(json.loads(_final_text(sg.json()["output_ids"])), SCHEMA)
 
 
@@ -355,11 +391,14 @@ async def test_a_required_call_goes_to_an_allowed_tool(http: httpx.AsyncClient, 
     from tests.simengine.prompts import LOOKUP, tool_round
 
     tag = json.dumps(structural_tag(OutputConstraint(tools=["lookup"])))
-    for rid, prompt in ((f"t-{protocol}-1", user_prompt("Weather in Paris?", [WEATHER, LOOKUP])),
-                        (f"t-{protocol}-2", tool_round("Weather in Oslo?", '{"city":"Oslo"}', "sunny"))):
+    for rid, prompt in (
+        (f"t-{protocol}-1", user_prompt("Weather in Paris?", [WEATHER, LOOKUP])),
+        (f"t-{protocol}-2", tool_round("Weather in Oslo?", '{"city":"Oslo"}', "sunny")),
+    ):
         if protocol == "vllm":
-            resp = await http.post("/v1/completions", json=vllm_body(
-                prompt, rid, stream=False, structured_outputs={"structural_tag": tag}))
+            resp = await http.post(
+                "/v1/completions", json=vllm_body(prompt, rid, stream=False, structured_outputs={"structural_tag": tag})
+            )
             ids = resp.json()["choices"][0]["token_ids"]
         else:
             resp = await http.post("/generate", json={**sglang_body(prompt, rid, structural_tag=tag), "stream": False})
@@ -376,9 +415,14 @@ async def test_vllm_refuses_bad_structured_outputs(http: httpx.AsyncClient) -> N
     cases = [
         ({"json": {"type": "object"}, "regex": "a+"}, "You can only use one kind of structured outputs constraint"),
         ({"disable_any_whitespace": True}, "You must use one kind of structured outputs constraint"),
-        ({"structural_tag": {"type": "structural_tag"}}, "structured_outputs.structural_tag: Input should be a valid string"),
-        ({"structural_tag": '{"type": "structural_tag", "format": {"type": "any_text", "excludes": []}}'},
-         "Invalid structural tag specification."),
+        (
+            {"structural_tag": {"type": "structural_tag"}},
+            "structured_outputs.structural_tag: Input should be a valid string",
+        ),
+        (
+            {"structural_tag": '{"type": "structural_tag", "format": {"type": "any_text", "excludes": []}}'},
+            "Invalid structural tag specification.",
+        ),
         ({"structural_tag": "{"}, "Invalid structural tag specification."),
         ({"json": "{not json"}, "Invalid JSON grammar specification."),
         ({"json": {"type": "frob"}}, "Failed to transform json schema into a grammar"),
@@ -394,10 +438,16 @@ async def test_sglang_aborts_a_grammar_it_cannot_compile(http: httpx.AsyncClient
     bad = '{"type": "structural_tag", "format": {"type": "sequence", "elements": []}}'
     chunk = await refused_stream(http, sglang_body(user_prompt("hi"), "ga1", structural_tag=bad))
     finish = chunk["meta_info"]["finish_reason"]
-    assert finish == {"type": "abort", "status_code": 400, "err_type": "BadRequestError",
-                      "message": f"Invalid grammar request: req.grammar_key=('structural_tag', {bad!r})"}
+    assert finish == {
+        "type": "abort",
+        "status_code": 400,
+        "err_type": "BadRequestError",
+        "message": f"Invalid grammar request: req.grammar_key=('structural_tag', {bad!r})",
+    }
     assert chunk["output_ids"] == [] and chunk["meta_info"]["completion_tokens"] == 0
-    whole = await http.post("/generate", json={**sglang_body(user_prompt("hi"), "ga2", structural_tag=bad), "stream": False})
+    whole = await http.post(
+        "/generate", json={**sglang_body(user_prompt("hi"), "ga2", structural_tag=bad), "stream": False}
+    )
     assert whole.status_code == 400 and whole.json()["error"]["message"].startswith("Invalid grammar request")
     two = await refused_stream(http, sglang_body(user_prompt("hi"), "ga3", regex="a", ebnf="root ::= 'a'"))
     assert two == {"error": {"message": "Only one of regex, json_schema, or ebnf can be set."}}

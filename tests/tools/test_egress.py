@@ -27,36 +27,108 @@ from tests.tools.fakes import FakeResolver
 K = AddressKind
 CLASSIFIED = {
     K.PUBLIC: [
-        "8.8.8.8", "1.1.1.1", "93.184.216.34", "11.0.0.1", "126.255.255.255", "128.0.0.1",
-        "223.255.255.255", "100.63.255.255", "100.128.0.0", "172.15.255.255", "172.32.0.0",
-        "192.167.255.255", "192.169.0.0", "169.253.255.255", "169.255.0.0", "198.17.255.255",
-        "198.20.0.0", "2606:4700:4700::1111", "2001:4860:4860::8888", "2a00:1450::1",
-        "::ffff:8.8.8.8", "64:ff9b::808:808", "2002:808:808::1",
+        "8.8.8.8",
+        "1.1.1.1",
+        "93.184.216.34",
+        "11.0.0.1",
+        "126.255.255.255",
+        "128.0.0.1",
+        "223.255.255.255",
+        "100.63.255.255",
+        "100.128.0.0",
+        "172.15.255.255",
+        "172.32.0.0",
+        "192.167.255.255",
+        "192.169.0.0",
+        "169.253.255.255",
+        "169.255.0.0",
+        "198.17.255.255",
+        "198.20.0.0",
+        "2606:4700:4700::1111",
+        "2001:4860:4860::8888",
+        "2a00:1450::1",
+        "::ffff:8.8.8.8",
+        "64:ff9b::808:808",
+        "2002:808:808::1",
     ],
     K.LOOPBACK: [
-        "127.0.0.1", "127.0.0.0", "127.8.9.10", "127.255.255.255", "::1",
-        "::ffff:127.0.0.1", "::ffff:7f00:1", "::127.0.0.1", "64:ff9b::7f00:1", "2002:7f00:1::1",
+        "127.0.0.1",
+        "127.0.0.0",
+        "127.8.9.10",
+        "127.255.255.255",
+        "::1",
+        "::ffff:127.0.0.1",
+        "::ffff:7f00:1",
+        "::127.0.0.1",
+        "64:ff9b::7f00:1",
+        "2002:7f00:1::1",
     ],
     K.PRIVATE: [
-        "10.0.0.1", "10.255.255.255", "172.16.0.1", "172.31.255.255", "192.168.0.1",
-        "192.168.255.255", "100.64.0.1", "100.127.255.255", "198.18.0.1", "198.19.255.255",
-        "fc00::1", "fd12:3456:789a::1", "fec0::1", "64:ff9b:1::a00:1",
-        "::ffff:10.0.0.1", "::ffff:192.168.1.1", "::ffff:100.64.0.1", "2002:a00:1::1",
+        "10.0.0.1",
+        "10.255.255.255",
+        "172.16.0.1",
+        "172.31.255.255",
+        "192.168.0.1",
+        "192.168.255.255",
+        "100.64.0.1",
+        "100.127.255.255",
+        "198.18.0.1",
+        "198.19.255.255",
+        "fc00::1",
+        "fd12:3456:789a::1",
+        "fec0::1",
+        "64:ff9b:1::a00:1",
+        "::ffff:10.0.0.1",
+        "::ffff:192.168.1.1",
+        "::ffff:100.64.0.1",
+        "2002:a00:1::1",
     ],
     K.LINK_LOCAL: [
-        "169.254.0.1", "169.254.255.255", "169.254.169.253", "fe80::1", "fe80::1%eth0",
-        "febf::1", "::ffff:169.254.1.1",
+        "169.254.0.1",
+        "169.254.255.255",
+        "169.254.169.253",
+        "fe80::1",
+        "fe80::1%eth0",
+        "febf::1",
+        "::ffff:169.254.1.1",
     ],
     K.METADATA: [
-        "169.254.169.254", "169.254.170.2", "169.254.170.23", "100.100.100.200", "168.63.129.16",
-        "fd00:ec2::254", "fd00:ec2::23", "::ffff:169.254.169.254", "::ffff:a9fe:a9fe",
-        "64:ff9b::a9fe:a9fe", "2002:a9fe:a9fe::1", "::169.254.169.254",
+        "169.254.169.254",
+        "169.254.170.2",
+        "169.254.170.23",
+        "100.100.100.200",
+        "168.63.129.16",
+        "fd00:ec2::254",
+        "fd00:ec2::23",
+        "::ffff:169.254.169.254",
+        "::ffff:a9fe:a9fe",
+        "64:ff9b::a9fe:a9fe",
+        "2002:a9fe:a9fe::1",
+        "::169.254.169.254",
     ],
     K.RESERVED: [
-        "0.0.0.0", "0.1.2.3", "224.0.0.1", "239.255.255.250", "255.255.255.255", "240.0.0.1",
-        "192.0.0.1", "192.0.2.1", "198.51.100.1", "203.0.113.1", "192.88.99.1",
-        "::", "::2", "ff02::1", "ff05::1:3", "2001:db8::1", "2001::1", "100::1", "3fff::1",
-        "4000::1", "::ffff:0.0.0.0", "::ffff:224.0.0.1",
+        "0.0.0.0",
+        "0.1.2.3",
+        "224.0.0.1",
+        "239.255.255.250",
+        "255.255.255.255",
+        "240.0.0.1",
+        "192.0.0.1",
+        "192.0.2.1",
+        "198.51.100.1",
+        "203.0.113.1",
+        "192.88.99.1",
+        "::",
+        "::2",
+        "ff02::1",
+        "ff05::1:3",
+        "2001:db8::1",
+        "2001::1",
+        "100::1",
+        "3fff::1",
+        "4000::1",
+        "::ffff:0.0.0.0",
+        "::ffff:224.0.0.1",
     ],
 }
 CASES = [(address, kind) for kind, addresses in CLASSIFIED.items() for address in addresses]
@@ -76,8 +148,11 @@ EVERYTHING = EgressRules(True, True, True)
 
 # kind -> what passes: (rules, listing) pairs not listed here are refused
 PASSES: dict[AddressKind, set[tuple[EgressRules, Listing]]] = {
-    K.PUBLIC: {(r, li) for r in (OFF, LOOPBACK, PRIVATE, ALL_NETS, METADATA, EVERYTHING)
-               for li in (Listing.WILDCARD, Listing.EXACT)},
+    K.PUBLIC: {
+        (r, li)
+        for r in (OFF, LOOPBACK, PRIVATE, ALL_NETS, METADATA, EVERYTHING)
+        for li in (Listing.WILDCARD, Listing.EXACT)
+    },
     K.LOOPBACK: {(r, li) for r in (LOOPBACK, ALL_NETS, EVERYTHING) for li in Listing}
     | {(r, Listing.EXACT) for r in (OFF, PRIVATE, METADATA)},
     K.PRIVATE: {(r, li) for r in (PRIVATE, ALL_NETS, EVERYTHING) for li in Listing}
@@ -127,19 +202,44 @@ def test_reserved_never_passes(address: str) -> None:
 @pytest.mark.parametrize(
     ("host", "expected"),
     [
-        ("127.0.0.1", "127.0.0.1"), ("127.1", "127.0.0.1"), ("127.0.1", "127.0.0.1"),
-        ("0x7f000001", "127.0.0.1"), ("0X7F000001", "127.0.0.1"), ("2130706433", "127.0.0.1"),
-        ("0177.0.0.1", "127.0.0.1"), ("0177.1", "127.0.0.1"), ("0x7f.0.0.1", "127.0.0.1"),
-        ("0x7f.1", "127.0.0.1"), ("127.0.0.1.", "127.0.0.1"), ("017700000001", "127.0.0.1"),
-        ("[::1]", "::1"), ("::1", "::1"), ("[::ffff:127.0.0.1]", "::ffff:127.0.0.1"),
-        ("::ffff:7f00:1", "::ffff:127.0.0.1"), ("[0:0:0:0:0:0:0:1]", "::1"),
-        ("fe80::1%25eth0", "fe80::1"), ("0", "0.0.0.0"), ("0x0", "0.0.0.0"),
-        ("10.1", "10.0.0.1"), ("169.254.43518", "169.254.169.254"), ("2852039166", "169.254.169.254"),
+        ("127.0.0.1", "127.0.0.1"),
+        ("127.1", "127.0.0.1"),
+        ("127.0.1", "127.0.0.1"),
+        ("0x7f000001", "127.0.0.1"),
+        ("0X7F000001", "127.0.0.1"),
+        ("2130706433", "127.0.0.1"),
+        ("0177.0.0.1", "127.0.0.1"),
+        ("0177.1", "127.0.0.1"),
+        ("0x7f.0.0.1", "127.0.0.1"),
+        ("0x7f.1", "127.0.0.1"),
+        ("127.0.0.1.", "127.0.0.1"),
+        ("017700000001", "127.0.0.1"),
+        ("[::1]", "::1"),
+        ("::1", "::1"),
+        ("[::ffff:127.0.0.1]", "::ffff:127.0.0.1"),
+        ("::ffff:7f00:1", "::ffff:127.0.0.1"),
+        ("[0:0:0:0:0:0:0:1]", "::1"),
+        ("fe80::1%25eth0", "fe80::1"),
+        ("0", "0.0.0.0"),
+        ("0x0", "0.0.0.0"),
+        ("10.1", "10.0.0.1"),
+        ("169.254.43518", "169.254.169.254"),
+        ("2852039166", "169.254.169.254"),
         ("4294967295", "255.255.255.255"),
         # names: left to the resolver, whose answers are checked in turn
-        ("localhost", None), ("mcp.example.com", None), ("1.2.3.4.5", None), ("256.0.0.1", None),
-        ("1.16777216", None), ("4294967296", None), ("08.0.0.1", None), ("0x", None),
-        ("0x7f_000001", None), ("1e3", None), ("", None), ("[::1", None), ("::g", None),
+        ("localhost", None),
+        ("mcp.example.com", None),
+        ("1.2.3.4.5", None),
+        ("256.0.0.1", None),
+        ("1.16777216", None),
+        ("4294967296", None),
+        ("08.0.0.1", None),
+        ("0x", None),
+        ("0x7f_000001", None),
+        ("1e3", None),
+        ("", None),
+        ("[::1", None),
+        ("::g", None),
     ],
 )
 def test_parse_ip(host: str, expected: str | None) -> None:
@@ -211,11 +311,13 @@ async def test_a_name_resolving_to_loopback_is_refused_unless_loopback_is_allowe
 
 
 async def test_one_bad_answer_refuses_the_name() -> None:
-    resolver = FakeResolver({
-        "mixed.example.com": ["93.184.216.34", "10.0.0.5"],
-        "public.example.com": ["93.184.216.34", "2606:4700::1"],
-        "sneaky.example.com": ["93.184.216.34", "::ffff:127.0.0.1"],
-    })
+    resolver = FakeResolver(
+        {
+            "mixed.example.com": ["93.184.216.34", "10.0.0.5"],
+            "public.example.com": ["93.184.216.34", "2606:4700::1"],
+            "sneaky.example.com": ["93.184.216.34", "::ffff:127.0.0.1"],
+        }
+    )
     wildcard = policy("*.example.com")
     with pytest.raises(Refused, match=r"10\.0\.0\.5 \(private\)") as refused:
         await wildcard.addresses("https://mixed.example.com/mcp", resolver, 1)
@@ -226,15 +328,28 @@ async def test_one_bad_answer_refuses_the_name() -> None:
     # unlisted, with private networks open: the public answer is what refuses it
     with pytest.raises(Refused, match=r"93\.184\.216\.34 \(public\)"):
         await policy(allow_private_networks=True).addresses("https://mixed.example.com/mcp", resolver, 1)
-    assert len(await policy("*.example.com", allow_private_networks=True).addresses(
-        "https://mixed.example.com/mcp", resolver, 1)) == 2
+    assert (
+        len(
+            await policy("*.example.com", allow_private_networks=True).addresses(
+                "https://mixed.example.com/mcp", resolver, 1
+            )
+        )
+        == 2
+    )
 
 
 async def test_exact_entries_vouch_for_their_addresses_but_not_for_metadata() -> None:
-    resolver = FakeResolver({"mcp.internal": ["10.0.0.5"], "meta.internal": ["169.254.169.254"],
-                             "meta6.internal": ["fd00:ec2::254"]})
-    entries = ("mcp.internal", "meta.internal:80", "https://meta6.internal/", "10.1.2.3:9000",
-               "169.254.169.254", "[fd00::1]:9000")
+    resolver = FakeResolver(
+        {"mcp.internal": ["10.0.0.5"], "meta.internal": ["169.254.169.254"], "meta6.internal": ["fd00:ec2::254"]}
+    )
+    entries = (
+        "mcp.internal",
+        "meta.internal:80",
+        "https://meta6.internal/",
+        "10.1.2.3:9000",
+        "169.254.169.254",
+        "[fd00::1]:9000",
+    )
     p = policy(*entries)
     assert [str(a) for a in await p.addresses("http://mcp.internal/mcp", resolver, 1)] == ["10.0.0.5"]
     assert [str(a) for a in await p.addresses("http://10.1.2.3:9000/mcp", resolver, 1)] == ["10.1.2.3"]

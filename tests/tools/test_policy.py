@@ -21,8 +21,14 @@ def server(url: str, **headers: str) -> McpServer:
 
 @pytest.mark.parametrize(
     "url",
-    ["http://127.0.0.1:8000/mcp", "http://localhost/mcp", "https://[::1]:9/x", "HTTP://LOCALHOST:1/sse",
-     "http://example.com/mcp", "https://10.0.0.1/mcp"],
+    [
+        "http://127.0.0.1:8000/mcp",
+        "http://localhost/mcp",
+        "https://[::1]:9/x",
+        "HTTP://LOCALHOST:1/sse",
+        "http://example.com/mcp",
+        "https://10.0.0.1/mcp",
+    ],
 )
 def test_well_formed_urls_are_decided_when_connecting(url: str) -> None:
     """Whether a destination is allowed depends on where its name points: never a 400."""
@@ -104,9 +110,13 @@ def test_builtins_resolve_and_are_allowed() -> None:
 
 
 def test_headers_are_checked_and_transport_headers_dropped() -> None:
-    resolved = policy().resolve(server(
-        "http://127.0.0.1/mcp", Authorization="Bearer t", **{"X-Api-Key": "k", "Host": "evil", "Mcp-Session-Id": "s"}
-    ))
+    resolved = policy().resolve(
+        server(
+            "http://127.0.0.1/mcp",
+            Authorization="Bearer t",
+            **{"X-Api-Key": "k", "Host": "evil", "Mcp-Session-Id": "s"},
+        )
+    )
     assert resolved.headers == {"Authorization": "Bearer t", "X-Api-Key": "k"}
 
 

@@ -33,11 +33,22 @@ LOCAL = [ipaddress.ip_address("127.0.0.1")]
 PINNED_NAME_ONLY = TransportSecuritySettings(allowed_hosts=["mcp.pinned.test:*"])
 
 
-def pool(closed: Callable[[ServerKey], None] | None = None, *, idle_s: float = 60, max_sessions: int = 8,
-         connect_timeout_s: float = 2, mode: str = "auto") -> SessionPool:
+def pool(
+    closed: Callable[[ServerKey], None] | None = None,
+    *,
+    idle_s: float = 60,
+    max_sessions: int = 8,
+    connect_timeout_s: float = 2,
+    mode: str = "auto",
+) -> SessionPool:
     opts = ConnectOptions(connect_timeout_s, 5, 1 << 20, mode)
-    return SessionPool(lambda s: open_client(s, opts, LOCAL), connect_timeout_s=connect_timeout_s,
-                       idle_s=idle_s, max_sessions=max_sessions, on_close=closed)
+    return SessionPool(
+        lambda s: open_client(s, opts, LOCAL),
+        connect_timeout_s=connect_timeout_s,
+        idle_s=idle_s,
+        max_sessions=max_sessions,
+        on_close=closed,
+    )
 
 
 def checked_pool(resolver: FakeResolver, *, allow_loopback: bool = True) -> SessionPool:
@@ -59,8 +70,16 @@ def target(url: str, **headers: str) -> tuple[ServerKey, McpServer]:
     return server_key(url, headers), McpServer(server_label="t", server_url=url, headers=headers)
 
 
-@pytest.mark.parametrize(("url", "sse"), [("http://h/sse", True), ("http://h/sse/", True), ("http://h/mcp", False),
-                                          ("http://h/sse/mcp", False), ("http://h/mysse", False)])
+@pytest.mark.parametrize(
+    ("url", "sse"),
+    [
+        ("http://h/sse", True),
+        ("http://h/sse/", True),
+        ("http://h/mcp", False),
+        ("http://h/sse/mcp", False),
+        ("http://h/mysse", False),
+    ],
+)
 def test_sse_urls(url: str, sse: bool) -> None:
     assert is_sse_url(url) is sse
 
@@ -233,8 +252,9 @@ class Capture(httpx2.AsyncBaseTransport):
 
 async def test_pinned_requests_keep_the_name_for_host_and_tls() -> None:
     inner = Capture("2001:db8::1")  # a documentation address: never a real connection
-    pin = PinnedTransport(inner, "mcp.example.com", [ipaddress.ip_address("2001:db8::1"),
-                                                     ipaddress.ip_address("192.0.2.7")])
+    pin = PinnedTransport(
+        inner, "mcp.example.com", [ipaddress.ip_address("2001:db8::1"), ipaddress.ip_address("192.0.2.7")]
+    )
     async with httpx2.AsyncClient(transport=pin) as http:
         for _ in range(2):
             await http.post("https://mcp.example.com:8443/mcp?x=1", content=b"{}")

@@ -24,8 +24,7 @@ from services.tools.results import (
 
 
 @pytest.mark.parametrize(
-    ("text", "expected"),
-    [("", {}), ("  \n", {}), ("{}", {}), ('{"a": 1, "b": [2]}', {"a": 1, "b": [2]})],
+    ("text", "expected"), [("", {}), ("  \n", {}), ("{}", {}), ('{"a": 1, "b": [2]}', {"a": 1, "b": [2]})]
 )
 def test_parse_arguments(text: str, expected: dict[str, object]) -> None:
     assert parse_arguments(text) == expected
@@ -33,7 +32,13 @@ def test_parse_arguments(text: str, expected: dict[str, object]) -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("{", "not valid JSON"), ("[]", "not list"), ("1", "not int"), ("null", "not NoneType"), ("'a'", "not valid JSON")],
+    [
+        ("{", "not valid JSON"),
+        ("[]", "not list"),
+        ("1", "not int"),
+        ("null", "not NoneType"),
+        ("'a'", "not valid JSON"),
+    ],
 )
 def test_parse_arguments_rejects(text: str, message: str) -> None:
     with pytest.raises(InvalidArguments, match=message):
@@ -42,11 +47,15 @@ def test_parse_arguments_rejects(text: str, message: str) -> None:
 
 def test_tool_info() -> None:
     tool = types.Tool(
-        name="add", description="Add.", input_schema={"type": "object", "properties": {"a": {"type": "integer"}}},
+        name="add",
+        description="Add.",
+        input_schema={"type": "object", "properties": {"a": {"type": "integer"}}},
         annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False),
     )
     assert tool_info(tool) == McpToolInfo(
-        name="add", description="Add.", input_schema={"type": "object", "properties": {"a": {"type": "integer"}}},
+        name="add",
+        description="Add.",
+        input_schema={"type": "object", "properties": {"a": {"type": "integer"}}},
         annotations={"readOnlyHint": True, "destructiveHint": False},
     )
     bare = tool_info(types.Tool(name="x", input_schema={"type": "object"}))
@@ -58,13 +67,15 @@ def _result(content: list[types.ContentBlock], structured: object = None, error:
 
 
 def test_result_text_joins_blocks() -> None:
-    result = _result([
-        types.TextContent(type="text", text="one"),
-        types.TextContent(type="text", text="two"),
-        types.ImageContent(type="image", data="aGk=", mime_type="image/png"),
-        types.EmbeddedResource(type="resource", resource=types.TextResourceContents(uri="file:///a", text="inner")),
-        types.ResourceLink(type="resource_link", name="doc", uri="https://x/doc"),
-    ])
+    result = _result(
+        [
+            types.TextContent(type="text", text="one"),
+            types.TextContent(type="text", text="two"),
+            types.ImageContent(type="image", data="aGk=", mime_type="image/png"),
+            types.EmbeddedResource(type="resource", resource=types.TextResourceContents(uri="file:///a", text="inner")),
+            types.ResourceLink(type="resource_link", name="doc", uri="https://x/doc"),
+        ]
+    )
     assert result_text(result) == "one\ntwo\n[image (image/png)]\ninner\n[resource link https://x/doc]"
 
 

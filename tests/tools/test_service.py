@@ -28,14 +28,7 @@ from services.common.bus import BusFailure
 from services.tools.app import run
 from services.tools.runner import busy_message, unreachable_message
 from services.tools.settings import Settings
-from tests.mcp_servers import (
-    BIG_OUTPUT_BYTES,
-    SECRET_TOKEN,
-    free_port,
-    hanging_server,
-    serve_mcp,
-    silent_port,
-)
+from tests.mcp_servers import BIG_OUTPUT_BYTES, SECRET_TOKEN, free_port, hanging_server, serve_mcp, silent_port
 from tests.tools.fakes import FakeResolver
 
 LIST_REPLY: TypeAdapter[Any] = TypeAdapter(ListToolsReply)
@@ -53,14 +46,16 @@ class Tools:
         rid = uuid.uuid4().hex
         req = ListToolsRequest(request_id=rid, server=server)
         reply: ToolsListed = await bus.Bus(self.nc, self.settings.subjects).request(
-            self.settings.subjects.tools_list, req, LIST_REPLY, timeout=10, service="tools")
+            self.settings.subjects.tools_list, req, LIST_REPLY, timeout=10, service="tools"
+        )
         return reply
 
     async def call(self, server: McpServer, name: str, arguments: str = "{}", **kw: Any) -> ToolResult:
         rid = uuid.uuid4().hex
         req = CallToolRequest(request_id=rid, server=server, name=name, arguments=arguments, **kw)
         reply: ToolResult = await bus.Bus(self.nc, self.settings.subjects).request(
-            self.settings.subjects.tools_call, req, CALL_REPLY, timeout=10, service="tools")
+            self.settings.subjects.tools_call, req, CALL_REPLY, timeout=10, service="tools"
+        )
         return reply
 
 
@@ -227,8 +222,9 @@ async def test_response_over_the_size_cap_is_an_error(nats_url: str, namespace: 
     assert result.error is not None and "50000" in result.error
 
 
-@pytest.mark.parametrize("url", ["file:///etc/passwd", "http://user:pw@127.0.0.1/mcp", "not a url",
-                                 "http://127.000.000.001/mcp"])
+@pytest.mark.parametrize(
+    "url", ["file:///etc/passwd", "http://user:pw@127.0.0.1/mcp", "not a url", "http://127.000.000.001/mcp"]
+)
 async def test_malformed_server_url_is_invalid_request(tools: Tools, url: str) -> None:
     """Malformed on its face, whatever the network: the caller's mistake."""
     with pytest.raises(BusFailure) as call:
@@ -245,8 +241,9 @@ async def test_refused_and_unreachable_servers_look_the_same(nats_url: str, name
     """A refused destination, a closed port, a port that never answers (the handshake times out,
     or the call's own deadline passes while connecting), a name that does not resolve, an HTTP
     server that is not an MCP server, and a server that failed moments ago: one message."""
-    resolver = FakeResolver({"localhost": ["127.0.0.1"], "mcp.pinned.test": ["127.0.0.1"],
-                             "public.example.com": ["93.184.216.34"]})
+    resolver = FakeResolver(
+        {"localhost": ["127.0.0.1"], "mcp.pinned.test": ["127.0.0.1"], "public.example.com": ["93.184.216.34"]}
+    )
     outcomes: dict[str, tuple[str | None, str | None]] = {}
 
     async def both(tools: Tools, case: str, url: str, **kw: Any) -> None:
@@ -255,8 +252,9 @@ async def test_refused_and_unreachable_servers_look_the_same(nats_url: str, name
         outcomes[case] = (listed.error, called.error)
 
     async with serve_mcp() as live:
-        async with tools_service(nats_url, namespace, resolver, allow_loopback=False,
-                                 allowed_servers=["*.pinned.test"], unreachable_ttl_s=0) as strict:
+        async with tools_service(
+            nats_url, namespace, resolver, allow_loopback=False, allowed_servers=["*.pinned.test"], unreachable_ttl_s=0
+        ) as strict:
             await both(strict, "refused loopback", live.url)
             await both(strict, "refused name -> loopback", f"http://mcp.pinned.test:{live.port}/mcp")
             await both(strict, "refused unlisted public", "http://public.example.com/mcp")
@@ -373,7 +371,10 @@ async def test_the_service_connects_to_the_checked_address(nats_url: str, namesp
     answers, and sees the name in the Host header."""
     resolver = FakeResolver({"mcp.pinned.test": ["127.0.0.1"]})
     only_the_name = TransportSecuritySettings(allowed_hosts=["mcp.pinned.test:*"])
-    async with tools_service(nats_url, namespace, resolver) as tools, serve_mcp(transport_security=only_the_name) as srv:
+    async with (
+        tools_service(nats_url, namespace, resolver) as tools,
+        serve_mcp(transport_security=only_the_name) as srv,
+    ):
         url = f"http://mcp.pinned.test:{srv.port}/mcp"
         assert "add" in {t.name for t in (await tools.list(mcp(url))).tools}
         assert (await tools.call(mcp(url), "add", '{"a": 1, "b": 2}')).output == "3"
@@ -387,14 +388,23 @@ async def test_a_flood_against_a_dead_server_does_not_delay_other_servers(nats_u
     are turned away at once. A call to a healthy server completes while the flood is pending."""
     # on exit the dead server closes its connections first, then the flood is awaited
     async with (
-        tools_service(nats_url, namespace, max_concurrency=8, max_concurrency_per_server=2, max_waiting_per_server=2,
-                      server_queue_timeout_s=60, connect_timeout_s=60, unreachable_ttl_s=0) as tools,
+        tools_service(
+            nats_url,
+            namespace,
+            max_concurrency=8,
+            max_concurrency_per_server=2,
+            max_waiting_per_server=2,
+            server_queue_timeout_s=60,
+            connect_timeout_s=60,
+            unreachable_ttl_s=0,
+        ) as tools,
         serve_mcp() as healthy,
         asyncio.TaskGroup() as tg,
         hanging_server() as dead,
     ):
-        flood = [tg.create_task(tools.call(mcp(dead.url, **{"X-Flood": str(i)}), "add", timeout_s=60))
-                 for i in range(20)]
+        flood = [
+            tg.create_task(tools.call(mcp(dead.url, **{"X-Flood": str(i)}), "add", timeout_s=60)) for i in range(20)
+        ]
         async with asyncio.timeout(5):
             await dead.wait_for_connections(2)
             result = await tools.call(mcp(healthy.url), "add", '{"a": 1, "b": 2}')

@@ -14,8 +14,14 @@ from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest
 from services.dispatcher.engines.http import EngineHttp
 
-_CONTEXT_HINTS = ("context length", "context_length", "maximum context", "too long", "max_model_len",
-                  "maximum allowed length")
+_CONTEXT_HINTS = (
+    "context length",
+    "context_length",
+    "maximum context",
+    "too long",
+    "max_model_len",
+    "maximum allowed length",
+)
 # vLLM before 0.12 writes every mid-stream exception as a 400, its engine's death included
 _ENGINE_FAULT_HINTS = ("enginecore encountered an issue", "enginedeaderror", "enginegenerateerror")
 
@@ -58,9 +64,7 @@ class EngineAdapter(Protocol):
 
     def decoder(self, req: GenerateRequest) -> StreamDecoder: ...
 
-    async def abort(
-        self, http: EngineHttp, base_url: str, request_id: str, timeout: float
-    ) -> None:
+    async def abort(self, http: EngineHttp, base_url: str, request_id: str, timeout: float) -> None:
         """Stop the request in the engine (beyond closing the stream, if the protocol needs it)."""
         ...
 

@@ -66,40 +66,56 @@ ANY_TEXT: dict[str, Any] = {"type": "any_text"}
 
 def final_format(schema: dict[str, Any]) -> dict[str, Any]:
     """The final answer is ``schema``'s JSON; everything before the final channel is free."""
-    return {"type": "or", "elements": [
-        # the grammar starts at the final answer (vLLM's gpt-oss reasoning gate)
-        _seq(_json(schema), ANY_TEXT),
-        # the grammar sees the whole output: free Harmony messages up to the final header
-        _seq(_const("<|channel|>"), {
-            "type": "triggered_tags",
-            "triggers": [FINAL_TRIGGER],
-            "tags": [{"type": "tag", "begin": FINAL_TRIGGER, "content": _json(schema), "end": ""}],
-            "at_least_one": False,
-            "stop_after_first": True,
-        }),
-        # a recipient-first header (" to=functions.f<|channel|>commentary ..."): a tool call
-        _seq(_const(" to="), ANY_TEXT),
-    ]}
+    return {
+        "type": "or",
+        "elements": [
+            # the grammar starts at the final answer (vLLM's gpt-oss reasoning gate)
+            _seq(_json(schema), ANY_TEXT),
+            # the grammar sees the whole output: free Harmony messages up to the final header
+            _seq(
+                _const("<|channel|>"),
+                {
+                    "type": "triggered_tags",
+                    "triggers": [FINAL_TRIGGER],
+                    "tags": [{"type": "tag", "begin": FINAL_TRIGGER, "content": _json(schema), "end": ""}],
+                    "at_least_one": False,
+                    "stop_after_first": True,
+                },
+            ),
+            # a recipient-first header (" to=functions.f<|channel|>commentary ..."): a tool call
+            _seq(_const(" to="), ANY_TEXT),
+        ],
+    }
 
 
 def tool_call_format(namespace: str, names: list[str]) -> dict[str, Any]:
     """The output reaches a call to ``namespace.NAME`` (NAME in ``names``) with JSON arguments."""
     recipient = f" to={namespace}."
-    calls = {"type": "or", "elements": [
-        _seq(_const(name + end), _json(ARGUMENTS_SCHEMA), ANY_TEXT)
-        for name in dict.fromkeys(names) for end in CALL_HEADER_ENDS
-    ]}
-    before = {"type": "or", "elements": [
-        # free messages (analysis, preambles), up to the first "to=NAMESPACE.": the call's
-        {"type": "tag", "begin": "<|channel|>", "content": ANY_TEXT, "end": recipient},
-        # or the first message is the call, recipient first
-        _const(recipient),
-    ]}
-    return {"type": "or", "elements": [
-        _seq(before, calls),
-        # the grammar starts at a final answer (vLLM's gate): nothing can be forced there
-        _seq({"type": "regex", "pattern": ANSWER_START}, ANY_TEXT),
-    ]}
+    calls = {
+        "type": "or",
+        "elements": [
+            _seq(_const(name + end), _json(ARGUMENTS_SCHEMA), ANY_TEXT)
+            for name in dict.fromkeys(names)
+            for end in CALL_HEADER_ENDS
+        ],
+    }
+    before = {
+        "type": "or",
+        "elements": [
+            # free messages (analysis, preambles), up to the first "to=NAMESPACE.": the call's
+            {"type": "tag", "begin": "<|channel|>", "content": ANY_TEXT, "end": recipient},
+            # or the first message is the call, recipient first
+            _const(recipient),
+        ],
+    }
+    return {
+        "type": "or",
+        "elements": [
+            _seq(before, calls),
+            # the grammar starts at a final answer (vLLM's gate): nothing can be forced there
+            _seq({"type": "regex", "pattern": ANSWER_START}, ANY_TEXT),
+        ],
+    }
 
 
 def structural_tag(constraint: OutputConstraint | None) -> dict[str, Any] | None:

@@ -82,8 +82,9 @@ def _target(url: str) -> _Target:
     tls = parts.scheme == "https"
     port = parts.port or (443 if tls else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    return _Target((parts.scheme, parts.hostname, port), parts.hostname, port, tls, path,
-                   parts.netloc.rpartition("@")[2])
+    return _Target(
+        (parts.scheme, parts.hostname, port), parts.hostname, port, tls, path, parts.netloc.rpartition("@")[2]
+    )
 
 
 def _head(method: str, target: _Target, body: bytes | None) -> bytes:
@@ -277,8 +278,9 @@ class _Connection(asyncio.Protocol):
             return
         self.status = status
         headers = self.headers
-        self.until_eof = ("content-length" not in headers
-                          and "chunked" not in headers.get("transfer-encoding", "").lower())
+        self.until_eof = (
+            "content-length" not in headers and "chunked" not in headers.get("transfer-encoding", "").lower()
+        )
         if not self.answered.done():
             self.answered.set_result(None)
         self.timer = self.loop.call_later(self.read_timeout, self._check_read)
@@ -363,15 +365,11 @@ class EngineHttp:
         """Connections open now, idle ones included."""
         return len(self._open)
 
-    async def stream(
-        self, url: str, body: bytes, *, accept_timeout: float, read_timeout: float
-    ) -> HttpStream:
+    async def stream(self, url: str, body: bytes, *, accept_timeout: float, read_timeout: float) -> HttpStream:
         """POST ``body`` (JSON) and return once the status line and headers arrived."""
         return await self._exchange("POST", url, body, accept_timeout, read_timeout)
 
-    async def request(
-        self, method: str, url: str, body: bytes | None = None, *, timeout: float
-    ) -> tuple[int, bytes]:
+    async def request(self, method: str, url: str, body: bytes | None = None, *, timeout: float) -> tuple[int, bytes]:
         """A small call, answer read whole within ``timeout``: (status, body)."""
         try:
             async with asyncio.timeout(timeout):
@@ -390,8 +388,9 @@ class EngineHttp:
         self._idle.clear()
 
     # internals -----------------------------------------------------------------------------
-    async def _exchange(self, method: str, url: str, body: bytes | None, accept_timeout: float,
-                        read_timeout: float) -> HttpStream:
+    async def _exchange(
+        self, method: str, url: str, body: bytes | None, accept_timeout: float, read_timeout: float
+    ) -> HttpStream:
         if self._closed:
             raise RuntimeError("the engine HTTP client is closed")
         target = _target(url)
@@ -440,8 +439,12 @@ class EngineHttp:
         try:
             async with asyncio.timeout(limit):
                 transport, conn = await loop.create_connection(
-                    lambda: _Connection(self, target.key), target.host, target.port,
-                    ssl=context, server_hostname=target.host if context else None)
+                    lambda: _Connection(self, target.key),
+                    target.host,
+                    target.port,
+                    ssl=context,
+                    server_hostname=target.host if context else None,
+                )
         except TimeoutError as exc:
             if limit < self.connect_timeout:
                 raise AcceptTimeout(f"the engine did not answer within {limit:g}s") from exc

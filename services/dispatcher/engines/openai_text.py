@@ -23,8 +23,9 @@ from services.dispatcher.textstream import Finish, TextToHarmonyTokens, prompt_m
 def _usage(raw: Any) -> EngineUsage | None:
     if not isinstance(raw, dict):
         return None
-    return EngineUsage(prompt_tokens=int(raw.get("prompt_tokens") or 0),
-                       completion_tokens=int(raw.get("completion_tokens") or 0))
+    return EngineUsage(
+        prompt_tokens=int(raw.get("prompt_tokens") or 0), completion_tokens=int(raw.get("completion_tokens") or 0)
+    )
 
 
 class OpenAITextDecoder:
@@ -34,8 +35,9 @@ class OpenAITextDecoder:
 
     def feed(self, event: dict[str, Any]) -> EngineChunk | None:
         if "error" in event:
-            return EngineChunk(error=BusError(code=ErrorCode.ENGINE_ERROR,
-                                              message=error_message(event, "the upstream failed")))
+            return EngineChunk(
+                error=BusError(code=ErrorCode.ENGINE_ERROR, message=error_message(event, "the upstream failed"))
+            )
         usage = _usage(event.get("usage"))
         choices = event.get("choices") or []
         if not choices:
@@ -73,8 +75,7 @@ class OpenAITextAdapter:
     def request(self, req: GenerateRequest) -> tuple[str, dict[str, Any]]:
         s = req.sampling
         enc = harmony_encoding()
-        body: dict[str, Any] = {"model": req.model, "stream": True,
-                                "stream_options": {"include_usage": True}}
+        body: dict[str, Any] = {"model": req.model, "stream": True, "stream_options": {"include_usage": True}}
         if s.max_tokens is not None:
             body["max_tokens"] = s.max_tokens
         for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed"):

@@ -57,12 +57,7 @@ def generate_body(req: GenerateRequest, default_max_tokens: int | None = None) -
         sampling["stop"] = s.stop
     if (tag := sglang_structural_tag(req)) is not None:
         sampling["structural_tag"] = tag
-    return {
-        "input_ids": engine_prompt(req),
-        "rid": req.generation_id,
-        "stream": True,
-        "sampling_params": sampling,
-    }
+    return {"input_ids": engine_prompt(req), "rid": req.generation_id, "stream": True, "sampling_params": sampling}
 
 
 def _usage(meta: dict[str, Any]) -> EngineUsage | None:
@@ -101,11 +96,11 @@ class SglangDecoder:
         if not self.ids:  # the first chunk reads the same either way, but: SGLang 0.5.2 starts
             # it with the prompt's last ids (sgl-project/sglang#10896): keep only what it counts
             if type(completion) is int and 0 <= completion < len(out):
-                return out[len(out) - completion:]
+                return out[len(out) - completion :]
             return out
         if self.mode == "auto":
             self.mode = self._detect(out, completion, matched)
-        return out[len(self.ids):] if self.mode == "cumulative" else out
+        return out[len(self.ids) :] if self.mode == "cumulative" else out
 
     def feed(self, event: dict[str, Any]) -> EngineChunk | None:
         meta = event.get("meta_info") or {}
@@ -151,9 +146,6 @@ class SglangAdapter:
     def decoder(self, req: GenerateRequest) -> SglangDecoder:
         return SglangDecoder(self.mode)
 
-    async def abort(
-        self, http: EngineHttp, base_url: str, request_id: str, timeout: float
-    ) -> None:
+    async def abort(self, http: EngineHttp, base_url: str, request_id: str, timeout: float) -> None:
         with contextlib.suppress(HttpError):
-            await http.request("POST", f"{base_url}/abort_request", orjson.dumps({"rid": request_id}),
-                               timeout=timeout)
+            await http.request("POST", f"{base_url}/abort_request", orjson.dumps({"rid": request_id}), timeout=timeout)

@@ -44,8 +44,7 @@ Sink = Callable[[list[EngineChunk]], bool]
 
 
 def _error(code: ErrorCode, message: str, *, retryable: bool = False) -> EngineChunk:
-    return EngineChunk(finish_reason="error",
-                       error=BusError(code=code, message=message, retryable=retryable))
+    return EngineChunk(finish_reason="error", error=BusError(code=code, message=message, retryable=retryable))
 
 
 class EngineStream:
@@ -115,9 +114,13 @@ class EngineStream:
             elif isinstance(error, ReadTimeout):
                 self._deliver(_error(ErrorCode.TIMEOUT, "the engine stopped sending tokens"))
             elif isinstance(error, HttpError):
-                self._deliver(_error(
-                    ErrorCode.ENGINE_UNAVAILABLE if error.retryable else ErrorCode.ENGINE_ERROR,
-                    f"the engine stream failed: {error}", retryable=error.retryable))
+                self._deliver(
+                    _error(
+                        ErrorCode.ENGINE_UNAVAILABLE if error.retryable else ErrorCode.ENGINE_ERROR,
+                        f"the engine stream failed: {error}",
+                        retryable=error.retryable,
+                    )
+                )
             else:  # the sink failed: whoever waits on the stream hears of it
                 self._end(error)
                 return
@@ -146,8 +149,9 @@ def decode_event(decoder: StreamDecoder, data: bytes) -> EngineChunk | None:
     try:
         event: Any = orjson.loads(data)
     except ValueError:
-        return _error(ErrorCode.ENGINE_ERROR,
-                      f"the engine sent an unreadable event: {data[:200].decode(errors='replace')}")
+        return _error(
+            ErrorCode.ENGINE_ERROR, f"the engine sent an unreadable event: {data[:200].decode(errors='replace')}"
+        )
     if not isinstance(event, dict):
         return None
     if "error" in event and not event.get("choices") and "output_ids" not in event:
@@ -183,25 +187,26 @@ async def open_stream(
 ) -> EngineStream:
     path, body = adapter.request(req)
     try:
-        response = await http.stream(f"{base_url}{path}", orjson.dumps(body),
-                                     accept_timeout=accept_timeout, read_timeout=read_timeout)
+        response = await http.stream(
+            f"{base_url}{path}", orjson.dumps(body), accept_timeout=accept_timeout, read_timeout=read_timeout
+        )
     except ConnectFailed as exc:
-        raise EngineFailure(BusError(
-            code=ErrorCode.ENGINE_UNAVAILABLE, message=f"the engine is unreachable ({exc})",
-        ), retryable=True) from exc
+        raise EngineFailure(
+            BusError(code=ErrorCode.ENGINE_UNAVAILABLE, message=f"the engine is unreachable ({exc})"), retryable=True
+        ) from exc
     except AcceptTimeout as exc:
-        raise EngineFailure(BusError(
-            code=ErrorCode.TIMEOUT, message=f"the engine did not answer within {accept_timeout:g}s",
-        )) from exc
+        raise EngineFailure(
+            BusError(code=ErrorCode.TIMEOUT, message=f"the engine did not answer within {accept_timeout:g}s")
+        ) from exc
     except BadResponse as exc:
-        raise EngineFailure(BusError(
-            code=ErrorCode.ENGINE_ERROR, message=f"the engine request failed: {exc}",
-        )) from exc
+        raise EngineFailure(BusError(code=ErrorCode.ENGINE_ERROR, message=f"the engine request failed: {exc}")) from exc
     except HttpError as exc:  # broke in the middle of the status line and headers
-        raise EngineFailure(BusError(
-            code=ErrorCode.ENGINE_UNAVAILABLE,
-            message=f"the engine closed the connection before answering ({exc})",
-        ), retryable=exc.retryable) from exc
+        raise EngineFailure(
+            BusError(
+                code=ErrorCode.ENGINE_UNAVAILABLE, message=f"the engine closed the connection before answering ({exc})"
+            ),
+            retryable=exc.retryable,
+        ) from exc
     if response.status >= 400:
         raise EngineFailure(await _http_error(response, accept_timeout))
     return EngineStream(response, adapter.decoder(req), base_url)

@@ -15,9 +15,7 @@ from services.dispatcher.engines.base import EngineChunk, engine_prompt, max_new
 from services.dispatcher.engines.constraints import vllm_structured_outputs
 from services.dispatcher.engines.http import EngineHttp
 
-FINISH_REASONS: dict[str, EngineFinishReason] = {
-    "stop": "stop", "length": "length", "abort": "abort", "error": "error",
-}
+FINISH_REASONS: dict[str, EngineFinishReason] = {"stop": "stop", "length": "length", "abort": "abort", "error": "error"}
 # ids that end a gpt-oss generation without vLLM naming them in stop_reason (EOS)
 EOS_IDS = frozenset({200002, 199999})
 
@@ -78,11 +76,12 @@ class VllmDecoder:
         ids = choice.get("token_ids")
         if ids is None:
             if choice.get("text") or choice.get("finish_reason") is None:
-                return EngineChunk(error=BusError(
-                    code=ErrorCode.ENGINE_ERROR,
-                    message="the vLLM server sent no token_ids: it needs return_token_ids "
-                            "support (vLLM >= 0.10.2)",
-                ))
+                return EngineChunk(
+                    error=BusError(
+                        code=ErrorCode.ENGINE_ERROR,
+                        message="the vLLM server sent no token_ids: it needs return_token_ids support (vLLM >= 0.10.2)",
+                    )
+                )
             ids = []
         ids = token_ids(ids)
         if ids:
@@ -114,7 +113,5 @@ class VllmAdapter:
     def decoder(self, req: GenerateRequest) -> VllmDecoder:
         return VllmDecoder(req.stop_token_ids)
 
-    async def abort(
-        self, http: EngineHttp, base_url: str, request_id: str, timeout: float
-    ) -> None:
+    async def abort(self, http: EngineHttp, base_url: str, request_id: str, timeout: float) -> None:
         """Closing the HTTP stream is vLLM's abort."""

@@ -7,13 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from contracts.messages.encode import (
-    EncodeRequest,
-    FunctionTool,
-    NamedToolChoice,
-    ResponseFormat,
-    ToolChoice,
-)
+from contracts.messages.encode import EncodeRequest, FunctionTool, NamedToolChoice, ResponseFormat, ToolChoice
 from contracts.messages.generate import SamplingParams
 from contracts.messages.items import (
     ConversationItem,
@@ -68,9 +62,7 @@ def messages_to_items(messages: list[ChatMessage]) -> list[ConversationItem]:
                 items.append(MessageItem(role="assistant", content=text, channel=channel))
             for call in m.tool_calls or []:
                 items.append(
-                    FunctionCallItem(
-                        call_id=call.id, name=call.function.name, arguments=call.function.arguments
-                    )
+                    FunctionCallItem(call_id=call.id, name=call.function.name, arguments=call.function.arguments)
                 )
         else:  # tool
             if not m.tool_call_id:
@@ -91,11 +83,14 @@ def response_format_of(request: ChatRequest) -> ResponseFormat | None:
     if isinstance(fmt, ResponseFormatJsonSchema):
         error = schema_problem(fmt.json_schema.schema_)
         if error is not None:
-            raise invalid(f"response_format.json_schema.schema is not a valid JSON schema: {error}",
-                          "response_format.json_schema.schema")
+            raise invalid(
+                f"response_format.json_schema.schema is not a valid JSON schema: {error}",
+                "response_format.json_schema.schema",
+            )
         spec = fmt.json_schema
-        return structured.response_format("json_schema", name=spec.name, schema=spec.schema_,
-                                          description=spec.description, strict=spec.strict)
+        return structured.response_format(
+            "json_schema", name=spec.name, schema=spec.schema_, description=spec.description, strict=spec.strict
+        )
     if isinstance(fmt, ResponseFormatJsonObject):
         return structured.response_format("json_object")
     return None
@@ -106,11 +101,7 @@ def to_encode_request(request: ChatRequest, fmt: ResponseFormat | None = None) -
         model=request.model,
         items=messages_to_items(request.messages),
         tools=[
-            FunctionTool(
-                name=t.function.name,
-                description=t.function.description,
-                parameters=t.function.parameters,
-            )
+            FunctionTool(name=t.function.name, description=t.function.description, parameters=t.function.parameters)
             for t in request.tools or []
         ],
         tool_choice=_tool_choice(request),
@@ -119,8 +110,9 @@ def to_encode_request(request: ChatRequest, fmt: ResponseFormat | None = None) -
     )
 
 
-def to_sampling(request: ChatRequest, default_max_tokens: int | None,
-                fmt: ResponseFormat | None = None) -> SamplingParams:
+def to_sampling(
+    request: ChatRequest, default_max_tokens: int | None, fmt: ResponseFormat | None = None
+) -> SamplingParams:
     choice = request.tool_choice
     named = choice.function.name if isinstance(choice, NamedToolChoiceParam) else choice
     offered = [t.function.name for t in request.tools or []]
@@ -141,7 +133,4 @@ def offered_tools(request: ChatRequest) -> tuple[list[str], dict[str, dict[str, 
     tools = request.tools or []
     if request.tool_choice == "none":
         return [], {}
-    return (
-        [t.function.name for t in tools],
-        {t.function.name: t.function.parameters or {} for t in tools},
-    )
+    return ([t.function.name for t in tools], {t.function.name: t.function.parameters or {} for t in tools})

@@ -95,15 +95,27 @@ class ResponseFormatJsonSchema(Strict):
     json_schema: JsonSchemaSpec
 
 
-ResponseFormat = Annotated[ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema,
-                           Field(discriminator="type")]
+ResponseFormat = Annotated[
+    ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema, Field(discriminator="type")
+]
 
 
 class ChatRequest(ApiRequest):
-    harmless: ClassVar[frozenset[str]] = frozenset({
-        "metadata", "user", "store", "service_tier", "prompt_cache_key", "prompt_cache_retention",
-        "safety_identifier", "parallel_tool_calls", "stream_options", "verbosity", "moderation",
-    })
+    harmless: ClassVar[frozenset[str]] = frozenset(
+        {
+            "metadata",
+            "user",
+            "store",
+            "service_tier",
+            "prompt_cache_key",
+            "prompt_cache_retention",
+            "safety_identifier",
+            "parallel_tool_calls",
+            "stream_options",
+            "verbosity",
+            "moderation",
+        }
+    )
 
     model: Annotated[str, Field(min_length=1, max_length=256)]
     messages: list[ChatMessage] = Field(min_length=1, max_length=100_000)
@@ -114,8 +126,11 @@ class ChatRequest(ApiRequest):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    stop: Annotated[str, Field(max_length=256)] | Annotated[
-        list[Annotated[str, Field(max_length=256)]], Field(max_length=16)] | None = None
+    stop: (
+        Annotated[str, Field(max_length=256)]
+        | Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=16)]
+        | None
+    ) = None
     seed: int | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     response_format: ResponseFormat | None = None
@@ -129,7 +144,8 @@ class ChatRequest(ApiRequest):
     frequency_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None  # passed to the engine
     presence_penalty: Annotated[float, Field(ge=-2.0, le=2.0)] | None = None
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
-        default=None, max_length=16)
+        default=None, max_length=16
+    )
     store: bool | None = None
     service_tier: str | None = None
     prompt_cache_key: Annotated[str, Field(max_length=512)] | None = None
@@ -147,26 +163,40 @@ class ChatRequest(ApiRequest):
     @model_validator(mode="after")
     def _supported(self) -> ChatRequest:
         if self.n not in (None, 1):
-            raise invalid("n > 1 is not supported: Chorus returns one choice per request; send n=1 "
-                          "or several requests.", "n")
-        unsupported(self.logprobs or self.top_logprobs or None, "logprobs",
-                    "gpt-oss Harmony output interleaves channel control tokens; remove logprobs/top_logprobs")
+            raise invalid(
+                "n > 1 is not supported: Chorus returns one choice per request; send n=1 or several requests.", "n"
+            )
+        unsupported(
+            self.logprobs or self.top_logprobs or None,
+            "logprobs",
+            "gpt-oss Harmony output interleaves channel control tokens; remove logprobs/top_logprobs",
+        )
         unsupported(self.logit_bias or None, "logit_bias", "token biases are not passed to the engines")
         if self.modalities and self.modalities != ["text"]:
             unsupported(True, "modalities", "gpt-oss produces text only")
         unsupported(self.audio, "audio", "gpt-oss produces text only")
         unsupported(self.prediction, "prediction", "predicted outputs are not supported")
-        unsupported(self.web_search_options, "web_search_options",
-                    "use the Responses API's web_search tool with a browser configured")
-        unsupported(self.functions or self.function_call, "functions",
-                    "the deprecated functions API is not supported; send tools")
+        unsupported(
+            self.web_search_options,
+            "web_search_options",
+            "use the Responses API's web_search tool with a browser configured",
+        )
+        unsupported(
+            self.functions or self.function_call,
+            "functions",
+            "the deprecated functions API is not supported; send tools",
+        )
         if self.tool_choice not in (None, "auto", "none") and not self.tools:
             raise invalid("tool_choice requires tools.", "tool_choice")
-        if isinstance(self.tool_choice, NamedToolChoiceParam) and self.tools and not any(
-            t.function.name == self.tool_choice.function.name for t in self.tools
+        if (
+            isinstance(self.tool_choice, NamedToolChoiceParam)
+            and self.tools
+            and not any(t.function.name == self.tool_choice.function.name for t in self.tools)
         ):
-            raise invalid(f"tool_choice names the function '{self.tool_choice.function.name}', which is "
-                          "not in tools.", "tool_choice")
+            raise invalid(
+                f"tool_choice names the function '{self.tool_choice.function.name}', which is not in tools.",
+                "tool_choice",
+            )
         return self
 
     @property

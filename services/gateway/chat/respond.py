@@ -11,15 +11,7 @@ from typing import Any
 from openai.types.chat import ChatCompletion
 
 from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
-from contracts.messages.parse import (
-    Failed,
-    Finished,
-    ItemAdded,
-    ItemDelta,
-    ItemDone,
-    ParseEvent,
-    Usage,
-)
+from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent, Usage
 
 Delta = dict[str, Any]
 
@@ -72,8 +64,18 @@ class ChatState:
             self.tools.append(call)
             self._tool_at[event.output_index] = call
             self._kinds[event.output_index] = "tool"
-            return [{"tool_calls": [{"index": call.index, "id": call.call_id, "type": "function",
-                                     "function": {"name": name, "arguments": ""}}]}]
+            return [
+                {
+                    "tool_calls": [
+                        {
+                            "index": call.index,
+                            "id": call.call_id,
+                            "type": "function",
+                            "function": {"name": name, "arguments": ""},
+                        }
+                    ]
+                }
+            ]
         return []
 
     def _text(self, index: int, text: str) -> list[Delta]:
@@ -99,8 +101,10 @@ class ChatState:
             deltas.extend(self._added(ItemAdded(output_index=event.output_index, item=event.item)))
         item = event.item
         full = (
-            item.text if isinstance(item, ReasoningItem)
-            else item.arguments if isinstance(item, FunctionCallItem)
+            item.text
+            if isinstance(item, ReasoningItem)
+            else item.arguments
+            if isinstance(item, FunctionCallItem)
             else item.content
         )
         sent = self._streamed.get(event.output_index, 0)
@@ -126,13 +130,19 @@ class ChatState:
     def completion(self, request_id: str, model: str, created: int) -> ChatCompletion:
         """The whole answer, as openai-python's ChatCompletion (reasoning under both of the
         names clients read)."""
-        return ChatCompletion.model_validate({
-            "id": request_id, "object": "chat.completion", "created": created, "model": model,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "message": self.message(), "logprobs": None,
-                         "finish_reason": self.finish_reason}],
-            "usage": usage_json(self.finished.usage if self.finished else None),
-        })
+        return ChatCompletion.model_validate(
+            {
+                "id": request_id,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "system_fingerprint": None,
+                "choices": [
+                    {"index": 0, "message": self.message(), "logprobs": None, "finish_reason": self.finish_reason}
+                ],
+                "usage": usage_json(self.finished.usage if self.finished else None),
+            }
+        )
 
     def message(self) -> dict[str, Any]:
         reasoning = "".join(self.reasoning) or None
@@ -146,8 +156,7 @@ class ChatState:
         }
         if self.tools:
             msg["tool_calls"] = [
-                {"id": t.call_id, "type": "function",
-                 "function": {"name": t.name, "arguments": t.arguments}}
+                {"id": t.call_id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
                 for t in self.tools
             ]
         return msg

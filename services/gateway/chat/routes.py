@@ -18,12 +18,7 @@ from contracts.messages.generate import ParseSpec
 from services.common.bus import BusFailure
 from services.common.telemetry import carrier_of
 from services.gateway import structured
-from services.gateway.chat.convert import (
-    offered_tools,
-    response_format_of,
-    to_encode_request,
-    to_sampling,
-)
+from services.gateway.chat.convert import offered_tools, response_format_of, to_encode_request, to_sampling
 from services.gateway.chat.models import ChatRequest
 from services.gateway.chat.respond import ChatState, usage_json
 from services.gateway.context import GatewayContext, get_ctx
@@ -72,8 +67,11 @@ def format_failure(state: ChatState, fmt: ResponseFormat | None) -> BusError | N
     if fmt is None or state.failed is not None or state.tools or state.finish_reason != "stop":
         return None
     why = structured.check(state.text, fmt)
-    return None if why is None else BusError(code=ErrorCode.ENGINE_ERROR,
-                                              message=f"The model's answer did not follow response_format: {why}")
+    return (
+        None
+        if why is None
+        else BusError(code=ErrorCode.ENGINE_ERROR, message=f"The model's answer did not follow response_format: {why}")
+    )
 
 
 @router.post("/v1/chat/completions")
@@ -85,11 +83,22 @@ async def chat_completions(request: Request) -> Any:
     fmt = response_format_of(body)
     sampling = to_sampling(body, ctx.settings.default_max_tokens, fmt)
     names, schemas = offered_tools(body)
-    seen = Observed.start(request, api="chat", model=body.model, request_id=request_id, stream=body.stream,
-                          max_tokens=sampling.max_tokens, temperature=body.temperature, top_p=body.top_p)
-    spec = GenerationSpec(to_encode_request(body, fmt), sampling,
-                          ParseSpec(request_id=request_id, tool_names=names, tool_schemas=schemas),
-                          trace=carrier_of(seen.span))
+    seen = Observed.start(
+        request,
+        api="chat",
+        model=body.model,
+        request_id=request_id,
+        stream=body.stream,
+        max_tokens=sampling.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+    )
+    spec = GenerationSpec(
+        to_encode_request(body, fmt),
+        sampling,
+        ParseSpec(request_id=request_id, tool_names=names, tool_schemas=schemas),
+        trace=carrier_of(seen.span),
+    )
     try:
         if body.stream:
             return await _streamed(ctx, body, spec, request_id, seen, fmt)
@@ -99,8 +108,15 @@ async def chat_completions(request: Request) -> Any:
         raise
 
 
-async def _whole(ctx: GatewayContext, request: Request, body: ChatRequest, spec: GenerationSpec,
-                 request_id: str, seen: Observed, fmt: ResponseFormat | None) -> Response:
+async def _whole(
+    ctx: GatewayContext,
+    request: Request,
+    body: ChatRequest,
+    spec: GenerationSpec,
+    request_id: str,
+    seen: Observed,
+    fmt: ResponseFormat | None,
+) -> Response:
     async with ctx.generations.open(spec) as generation:
         try:
             state = await unless_client_leaves(request, _collect(generation, seen))
@@ -118,8 +134,9 @@ async def _whole(ctx: GatewayContext, request: Request, body: ChatRequest, spec:
     usage = state.finished.usage if state.finished else None
     seen.finish(outcome=state.finish_reason, usage=usage, finish_reasons=[state.finish_reason], worker=worker)
     completion = state.completion(request_id, body.model, int(time.time()))
-    return Response(completion.model_dump_json(exclude_unset=True), media_type="application/json",
-                    headers=server_timing(generation))
+    return Response(
+        completion.model_dump_json(exclude_unset=True), media_type="application/json", headers=server_timing(generation)
+    )
 
 
 async def _collect(generation: Generation, seen: Observed) -> ChatState:
@@ -136,8 +153,14 @@ def server_timing(generation: Generation) -> dict[str, str]:
     return {"Server-Timing": f"render;dur={render:.3f}, accept;dur={generation.accept_ms:.3f}"}
 
 
-async def _streamed(ctx: GatewayContext, body: ChatRequest, spec: GenerationSpec, request_id: str,
-                    seen: Observed, fmt: ResponseFormat | None) -> Response:
+async def _streamed(
+    ctx: GatewayContext,
+    body: ChatRequest,
+    spec: GenerationSpec,
+    request_id: str,
+    seen: Observed,
+    fmt: ResponseFormat | None,
+) -> Response:
     holder: list[Generation] = []
     stream = _chunks(ctx, body, spec, request_id, holder, seen, fmt)
     first = await anext(stream)  # set-up errors surface here, as a proper HTTP status
@@ -151,15 +174,31 @@ async def _streamed(ctx: GatewayContext, body: ChatRequest, spec: GenerationSpec
             await stream.aclose()
             seen.finish(outcome="client_gone")  # no-op when the stream ended normally
 
-    return StreamingResponse(rest(), media_type="text/event-stream",
-                             headers={**SSE_HEADERS, **server_timing(holder[0])})
+    return StreamingResponse(
+        rest(), media_type="text/event-stream", headers={**SSE_HEADERS, **server_timing(holder[0])}
+    )
 
 
-async def _chunks(ctx: GatewayContext, body: ChatRequest, spec: GenerationSpec, request_id: str,
-                  holder: list[Generation], seen: Observed, fmt: ResponseFormat | None) -> AsyncGenerator[bytes, None]:
+async def _chunks(
+    ctx: GatewayContext,
+    body: ChatRequest,
+    spec: GenerationSpec,
+    request_id: str,
+    holder: list[Generation],
+    seen: Observed,
+    fmt: ResponseFormat | None,
+) -> AsyncGenerator[bytes, None]:
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    chunks = ChunkWriter({"id": request_id, "object": "chat.completion.chunk", "created": int(time.time()),
-                          "model": body.model, "system_fingerprint": None}, include_usage=include_usage)
+    chunks = ChunkWriter(
+        {
+            "id": request_id,
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.model,
+            "system_fingerprint": None,
+        },
+        include_usage=include_usage,
+    )
     async with ctx.generations.open(spec) as generation:
         holder.append(generation)
         yield chunks.delta({"role": "assistant", "content": "", "refusal": None})

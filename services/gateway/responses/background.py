@@ -26,6 +26,7 @@ from services.gateway.context import GatewayContext
 from services.gateway.responses.persist import dump, finish
 from services.gateway.responses.prepare import Prepared
 from services.gateway.responses.request import McpToolParam, ResponsesRequest
+from services.gateway.responses.response import TERMINAL_EVENTS
 from services.gateway.responses.run import ResponseRun, Resume, RunCheckpoint, Step
 from services.gateway.store import ResponseStore, StoredResponse
 
@@ -60,12 +61,19 @@ def job_of(run: ResponseRun, seal: Any, tenant: str | None) -> Job:
     credentials: dict[str, str] = {}
     for i, tool in enumerate(req.tools or []):
         if isinstance(tool, McpToolParam) and (tool.headers or tool.authorization):
-            credentials[tool.server_label] = seal(orjson.dumps(
-                {"headers": tool.headers, "authorization": tool.authorization}).decode())
+            credentials[tool.server_label] = seal(
+                orjson.dumps({"headers": tool.headers, "authorization": tool.authorization}).decode()
+            )
             body["tools"][i].pop("headers", None)
             body["tools"][i].pop("authorization", None)
-    return Job(response_id=run.response_id, created_at=run.prepared.created_at, tenant=tenant, request=body,
-               credentials=credentials, input_ids=[i.id for i in run.prepared.inputs if i.id])
+    return Job(
+        response_id=run.response_id,
+        created_at=run.prepared.created_at,
+        tenant=tenant,
+        request=body,
+        credentials=credentials,
+        input_ids=[i.id for i in run.prepared.inputs if i.id],
+    )
 
 
 class Background:
@@ -79,8 +87,7 @@ class Background:
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        await self.ctx.bus.subscribe(self.ctx.bus.subjects.response_cancel, TypeAdapter(CancelResponse),
-                                     self.on_cancel)
+        await self.ctx.bus.subscribe(self.ctx.bus.subjects.response_cancel, TypeAdapter(CancelResponse), self.on_cancel)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     async def stop(self) -> None:
@@ -128,27 +135,29 @@ class Background:
         store = run.prepared.store
         last_seq = await self._last_seq(store, rid)
         renewing = asyncio.get_running_loop().create_task(self._renew(store, rid, asyncio.current_task()))
+        held: list[Any] = []  # the terminal event: followers see it once the response is stored
         try:
             try:
                 await self._save(run, "in_progress")
                 steps = run.steps(resume)
                 async with contextlib.aclosing(steps):
                     async for step in steps:
-                        await self._log(run, step, last_seq)
+                        held += await self._log(run, step, last_seq)
                         if rid in self.cancelling:
                             break
                 if rid in self.cancelling:
-                    await self._append(run, run.cancelled(), last_seq)
+                    held += await self._append(run, run.cancelled(), last_seq)
             except asyncio.CancelledError:
                 if rid not in self.cancelling and not await store.cancel_requested(rid):
                     raise  # stopping, or the lease was lost: someone else continues
-                await self._append(run, run.cancelled(), last_seq)
+                held += await self._append(run, run.cancelled(), last_seq)
             except Exception as exc:  # noqa: BLE001 - a background failure is recorded, not raised
                 log.warning("background response %s failed: %s", rid, exc)
                 error = getattr(exc, "error", None)
                 run.fail(getattr(error, "message", None) or "the response failed")
-                await self._append(run, [run.final_event()], last_seq)
+                held += await self._append(run, [run.final_event()], last_seq)
             await finish(run)
+            await self._append(run, held, last_seq, hold=False)
             await store.done_running(rid)
         except asyncio.CancelledError:
             log.info("background response %s left to another replica", rid)
@@ -157,19 +166,24 @@ class Background:
         finally:
             renewing.cancel()
 
-    async def _log(self, run: ResponseRun, step: Step, last_seq: int) -> None:
+    async def _log(self, run: ResponseRun, step: Step, last_seq: int) -> list[Any]:
+        """Log one step; its terminal event, if any, is returned to send once stored."""
         rid = run.response_id
         if step.checkpoint is not None:
             await run.prepared.store.put_checkpoint(rid, step.checkpoint.model_dump_json().encode())
         if step.parsed or step.tokens:
             logged = LoggedStep(turn=step.turn, parsed=step.parsed, tokens=step.tokens)
             await run.prepared.store.add_step(rid, logged.model_dump_json().encode())
-        await self._append(run, step.events, last_seq)
+        return await self._append(run, step.events, last_seq)
 
-    async def _append(self, run: ResponseRun, events: list[Any], last_seq: int) -> None:
-        """Events a follower has not seen (a taken-over run sends some again)."""
-        fresh = [dump(e) for e in events if e.sequence_number > last_seq]
+    async def _append(self, run: ResponseRun, events: list[Any], last_seq: int, *, hold: bool = True) -> list[Any]:
+        """Events a follower has not seen (a taken-over run sends some again); with ``hold``,
+        terminal events are returned, not sent (a follower that sees one may retrieve the
+        response at once: it must be stored first)."""
+        held = [e for e in events if hold and e.type in TERMINAL_EVENTS]
+        fresh = [dump(e) for e in events if e.sequence_number > last_seq and not (hold and e.type in TERMINAL_EVENTS)]
         await run.prepared.store.append_events(run.response_id, fresh)
+        return held
 
     @staticmethod
     async def _last_seq(store: ResponseStore, rid: str) -> int:
@@ -189,7 +203,7 @@ class Background:
             try:
                 held = await store.renew(rid, self.owner, LEASE_MS)
                 cancelled = held and await store.cancel_requested(rid)
-            except Exception:  # noqa: BLE001 - Redis hiccup: try again next time
+            except Exception:  # Redis hiccup: try again next time
                 log.warning("renewing the lease of %s failed", rid, exc_info=True)
                 continue
             if cancelled:
@@ -205,7 +219,7 @@ class Background:
             await asyncio.sleep(SWEEP_S)
             try:
                 await self.sweep()
-            except Exception:  # noqa: BLE001 - Redis down: the next sweep tries again
+            except Exception:  # Redis down: the next sweep tries again
                 log.warning("background sweep failed", exc_info=True)
 
     async def sweep(self) -> None:
@@ -216,7 +230,7 @@ class Background:
                 continue
             try:
                 await self.take_over(store, rid)
-            except Exception:  # noqa: BLE001 - an unreadable job is dropped, loudly
+            except Exception:  # an unreadable job is dropped, loudly
                 log.exception("background response %s could not be taken over", rid)
                 await store.done_running(rid)
 
@@ -237,8 +251,12 @@ class Background:
             if step.turn == turn:
                 parsed += step.parsed
                 tokens += step.tokens
-        log.warning("background response %s: its gateway stopped; continuing it here (turn %d, "
-                    "%d tokens)", rid, turn, len(tokens))
+        log.warning(
+            "background response %s: its gateway stopped; continuing it here (turn %d, %d tokens)",
+            rid,
+            turn,
+            len(tokens),
+        )
         run.observe()
         self._launch(run, Resume(checkpoint=checkpoint, parsed=parsed, tokens=tokens))
 

@@ -42,8 +42,9 @@ INSTRUCTION = (
 class CompactRequest(ApiRequest):
     """``POST /v1/responses/compact`` (openai.types.responses.ResponseCompactParams)."""
 
-    harmless: ClassVar[frozenset[str]] = frozenset({
-        "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "service_tier", "image"})
+    harmless: ClassVar[frozenset[str]] = frozenset(
+        {"prompt_cache_key", "prompt_cache_retention", "prompt_cache_options", "service_tier", "image"}
+    )
 
     model: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     input: Text | Annotated[list[InputItem], Field(max_length=100_000)] | None = None
@@ -77,7 +78,7 @@ def visible(items: list[ConversationItem]) -> list[ConversationItem]:
     for last in range(len(items) - 1, -1, -1):
         item = items[last]
         if isinstance(item, CompactionItem):
-            return [*compacted(items[:last], item), *items[last + 1:]]
+            return [*compacted(items[:last], item), *items[last + 1 :]]
     return items
 
 
@@ -87,14 +88,25 @@ def estimated_tokens(items: list[ConversationItem], instructions: str | None) ->
     return (len(instructions or "") + conversation_chars(items) + frames) // CHARS_PER_TOKEN
 
 
-async def summarize(ctx: GatewayContext, *, model: str, items: list[ConversationItem],
-                    instructions: str | None, request_id: str,
-                    trace: dict[str, str] | None = None) -> tuple[str, Usage]:
+async def summarize(
+    ctx: GatewayContext,
+    *,
+    model: str,
+    items: list[ConversationItem],
+    instructions: str | None,
+    request_id: str,
+    trace: dict[str, str] | None = None,
+) -> tuple[str, Usage]:
     """One model turn that writes the summary of ``items``: (summary, usage)."""
-    encode = EncodeRequest(model=model, instructions=instructions, reasoning_effort="low",
-                           items=[*items, MessageItem(role="user", content=INSTRUCTION)])
-    spec = GenerationSpec(encode, SamplingParams(max_tokens=SUMMARY_MAX_TOKENS),
-                          ParseSpec(request_id=request_id), trace)
+    encode = EncodeRequest(
+        model=model,
+        instructions=instructions,
+        reasoning_effort="low",
+        items=[*items, MessageItem(role="user", content=INSTRUCTION)],
+    )
+    spec = GenerationSpec(
+        encode, SamplingParams(max_tokens=SUMMARY_MAX_TOKENS), ParseSpec(request_id=request_id), trace
+    )
     answer: list[str] = []
     usage = Usage()
     async with ctx.generations.open(spec) as generation:
@@ -112,8 +124,9 @@ async def summarize(ctx: GatewayContext, *, model: str, items: list[Conversation
     return summary, usage
 
 
-async def compact(ctx: GatewayContext, req: CompactRequest, store: ResponseStore, *,
-                  unseal: Unseal | None, seal: Any) -> dict[str, Any]:
+async def compact(
+    ctx: GatewayContext, req: CompactRequest, store: ResponseStore, *, unseal: Unseal | None, seal: Any
+) -> dict[str, Any]:
     """``POST /v1/responses/compact``: the conversation, condensed (a ``CompactedResponse``;
     its user messages are input messages, which openai-python's output union cannot type)."""
     assert req.model is not None
@@ -121,11 +134,18 @@ async def compact(ctx: GatewayContext, req: CompactRequest, store: ResponseStore
     context = await load_context(store, req.previous_response_id)
     items = [*context, *input_items(req.input, await referenced(store, req.input), unseal)]
     compaction_id = new_id("cmp")
-    summary, usage = await summarize(ctx, model=req.model, items=items, instructions=req.instructions,
-                                     request_id=compaction_id)
+    summary, usage = await summarize(
+        ctx, model=req.model, items=items, instructions=req.instructions, request_id=compaction_id
+    )
     item = CompactionItem(summary=summary, id=compaction_id, sealed=seal(summary))
     *users, last = compacted(items, item)
-    return {"id": compaction_id, "object": "response.compaction", "created_at": int(time.time()),
-            "output": [*(input_item(u).model_dump(mode="json", exclude_none=True) for u in users),
-                       output_item(last).model_dump(mode="json", exclude_none=True)],
-            "usage": usage_of(usage)}
+    return {
+        "id": compaction_id,
+        "object": "response.compaction",
+        "created_at": int(time.time()),
+        "output": [
+            *(input_item(u).model_dump(mode="json", exclude_none=True) for u in users),
+            output_item(last).model_dump(mode="json", exclude_none=True),
+        ],
+        "usage": usage_of(usage),
+    }

@@ -9,14 +9,18 @@ from services.gateway.responses.request import InputItem, ItemReferenceInput, Te
 from services.gateway.store import ResponseStore
 
 
-async def load_context(store: ResponseStore, previous_response_id: str | None,
-                       conversation_id: str | None = None) -> list[ConversationItem]:
+async def load_context(
+    store: ResponseStore, previous_response_id: str | None, conversation_id: str | None = None
+) -> list[ConversationItem]:
     """The conversation so far; a 404 naming the parameter when what it names is gone."""
     if previous_response_id:
         history = await store.history(previous_response_id)
         if history is None:
-            raise not_found(f"Previous response with id '{previous_response_id}' not found (it may have "
-                            "been deleted, expired, or created with store: false).", "previous_response_id")
+            raise not_found(
+                f"Previous response with id '{previous_response_id}' not found (it may have "
+                "been deleted, expired, or created with store: false).",
+                "previous_response_id",
+            )
         return history
     if conversation_id:
         if await store.get_conversation(conversation_id) is None:

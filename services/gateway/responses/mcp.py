@@ -31,11 +31,7 @@ from services.common.bus import BusFailure
 from services.common.metrics import TOOL_CALLS
 from services.gateway.context import GatewayContext
 from services.gateway.responses.items import new_id
-from services.gateway.responses.request import (
-    McpAllowedToolsFilter,
-    McpApprovalFilter,
-    McpToolParam,
-)
+from services.gateway.responses.request import McpAllowedToolsFilter, McpApprovalFilter, McpToolParam
 
 _LIST: TypeAdapter[ListToolsReply] = TypeAdapter(ListToolsReply)
 _CALL: TypeAdapter[CallToolReply] = TypeAdapter(CallToolReply)
@@ -86,8 +82,12 @@ def _server(param: McpToolParam) -> McpServer:
     if param.authorization:
         token = param.authorization
         headers["Authorization"] = token if token.lower().startswith("bearer ") else f"Bearer {token}"
-    return McpServer(server_label=param.server_label, server_url=param.server_url or "",
-                     headers=headers, server_description=param.server_description)
+    return McpServer(
+        server_label=param.server_label,
+        server_url=param.server_url or "",
+        headers=headers,
+        server_description=param.server_description,
+    )
 
 
 class McpTooling:
@@ -103,25 +103,34 @@ class McpTooling:
     async def list_all(self) -> list[McpListToolsItem]:
         """List every server's tools (concurrently). A server_url wrong on its face raises (400);
         a refused or unreachable server is an item with ``error`` (the same for both)."""
+
         async def one(s: McpServerTools) -> McpListToolsItem:
             listed = await self.ctx.bus.request(
                 self.ctx.bus.subjects.tools_list,
-                ListToolsRequest(request_id=self.request_id, server=s.server), _LIST,
-                timeout=TOOL_TIMEOUT_S, service="tools",
+                ListToolsRequest(request_id=self.request_id, server=s.server),
+                _LIST,
+                timeout=TOOL_TIMEOUT_S,
+                service="tools",
             )
             assert isinstance(listed, ToolsListed)
             s.tools = [t for t in listed.tools if s.allowed(t)]
-            return McpListToolsItem(id=new_id("mcpl"), server_label=s.label, tools=s.tools,
-                                    error=getattr(listed, "error", None))
+            return McpListToolsItem(
+                id=new_id("mcpl"), server_label=s.label, tools=s.tools, error=getattr(listed, "error", None)
+            )
 
         return list(await asyncio.gather(*(one(s) for s in self.servers.values())))
 
     def namespaces(self) -> list[ToolNamespace]:
         return [
-            ToolNamespace(name=s.label, description=s.param.server_description,
-                          tools=[FunctionTool(name=t.name, description=t.description, parameters=t.input_schema)
-                                 for t in s.tools])
-            for s in self.servers.values() if s.tools
+            ToolNamespace(
+                name=s.label,
+                description=s.param.server_description,
+                tools=[
+                    FunctionTool(name=t.name, description=t.description, parameters=t.input_schema) for t in s.tools
+                ],
+            )
+            for s in self.servers.values()
+            if s.tools
         ]
 
     def needs_approval(self, label: str, name: str) -> bool:
@@ -135,22 +144,26 @@ class McpTooling:
     async def call(self, item: McpCallItem) -> McpCallItem:
         s = self.servers.get(item.server_label)
         if s is None or not self.known(item.server_label, item.name):
-            return item.model_copy(update={"error": f"Tool '{item.name}' is not available on server "
-                                                    f"'{item.server_label}'.", "status": "completed"})
+            return item.model_copy(
+                update={
+                    "error": f"Tool '{item.name}' is not available on server '{item.server_label}'.",
+                    "status": "completed",
+                }
+            )
         result = await call_tool(self.ctx, self.request_id, s.server, item.name, item.arguments or "{}")
         return item.model_copy(update={"output": result.output, "error": result.error, "status": "completed"})
 
 
-async def call_tool(ctx: GatewayContext, request_id: str, server: McpServer, name: str,
-                    arguments: str) -> ToolResult:
+async def call_tool(ctx: GatewayContext, request_id: str, server: McpServer, name: str, arguments: str) -> ToolResult:
     """One tool call through the tools service; a bus failure is a result with ``error``."""
     timeout = ctx.settings.mcp_call_timeout_s
     try:
         result = await ctx.bus.request(
             ctx.bus.subjects.tools_call,
-            CallToolRequest(request_id=request_id, server=server, name=name, arguments=arguments,
-                            timeout_s=timeout),
-            _CALL, timeout=timeout + 5, service="tools",
+            CallToolRequest(request_id=request_id, server=server, name=name, arguments=arguments, timeout_s=timeout),
+            _CALL,
+            timeout=timeout + 5,
+            service="tools",
         )
     except BusFailure as exc:
         TOOL_CALLS.labels(server_kind(server), "unavailable").inc()

@@ -24,11 +24,14 @@ def dump(model: BaseModel) -> bytes:
 async def finish(run: ResponseRun) -> None:
     """Store what the run made (unless store: false) and extend its conversation."""
     req = run.request
-    added = run.conversation()[len(run.prepared.context):]
+    added = run.conversation()[len(run.prepared.context) :]
     if req.stored:
-        record = StoredResponse(response=orjson.loads(dump(run.response())),
-                                previous_response_id=req.previous_response_id,
-                                item_ids=[i.id for i in added if i.id], input_count=len(run.prepared.inputs))
+        record = StoredResponse(
+            response=orjson.loads(dump(run.response())),
+            previous_response_id=req.previous_response_id,
+            item_ids=[i.id for i in added if i.id],
+            input_count=len(run.prepared.inputs),
+        )
         await run.prepared.store.save_response(record, added)
     if req.conversation_id:
         await run.prepared.store.add_conversation_items(req.conversation_id, added)

@@ -52,8 +52,9 @@ def text_of(content: Content | None, param: str) -> str:
         elif isinstance(part, RefusalPart):
             out.append(part.refusal)
         else:
-            raise invalid(f"Content part type '{part.type}' is not supported: gpt-oss reads text only.",
-                          f"{param}[{j}].type")
+            raise invalid(
+                f"Content part type '{part.type}' is not supported: gpt-oss reads text only.", f"{param}[{j}].type"
+            )
     return "".join(out)
 
 
@@ -198,8 +199,7 @@ InputItem = Annotated[
     | Annotated[CompactionTriggerInput, Tag("compaction_trigger")]
     | Annotated[EchoedToolCallInput, Tag("web_search_call")]
     | Annotated[EchoedToolCallInput, Tag("code_interpreter_call")],
-    Discriminator(_item_tag, custom_error_type="invalid_item",
-                  custom_error_message="not a supported input item type"),
+    Discriminator(_item_tag, custom_error_type="invalid_item", custom_error_message="not a supported input item type"),
 ]
 
 # -- tools ---------------------------------------------------------------------------------
@@ -256,8 +256,9 @@ class McpToolParam(Lenient):
 class BuiltinToolParam(Lenient):
     """gpt-oss's own tools: web search -> its browser, code interpreter -> its python."""
 
-    type: Literal["web_search", "web_search_preview", "web_search_2025_08_26",
-                  "web_search_preview_2025_03_11", "code_interpreter"]
+    type: Literal[
+        "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11", "code_interpreter"
+    ]
 
     @property
     def builtin(self) -> Literal["browser", "python"]:
@@ -265,8 +266,7 @@ class BuiltinToolParam(Lenient):
 
 
 ToolParam = Annotated[
-    FunctionToolParam | NamespaceToolParam | McpToolParam | BuiltinToolParam,
-    Field(discriminator="type"),
+    FunctionToolParam | NamespaceToolParam | McpToolParam | BuiltinToolParam, Field(discriminator="type")
 ]
 
 # -- options -------------------------------------------------------------------------------
@@ -327,10 +327,19 @@ class ContextManagement(Strict):
 
 
 class ResponsesRequest(ApiRequest):
-    harmless: ClassVar[frozenset[str]] = frozenset({
-        "metadata", "user", "safety_identifier", "prompt_cache_key", "prompt_cache_retention",
-        "service_tier", "client_metadata", "stream_options", "parallel_tool_calls",
-    })
+    harmless: ClassVar[frozenset[str]] = frozenset(
+        {
+            "metadata",
+            "user",
+            "safety_identifier",
+            "prompt_cache_key",
+            "prompt_cache_retention",
+            "service_tier",
+            "client_metadata",
+            "stream_options",
+            "parallel_tool_calls",
+        }
+    )
 
     model: Annotated[str, Field(min_length=1, max_length=256)]
     input: Text | Annotated[list[InputItem], Field(max_length=100_000)] | None = None
@@ -350,12 +359,22 @@ class ResponsesRequest(ApiRequest):
     background: bool | None = None
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
-    include: list[Literal["reasoning.encrypted_content", "message.output_text.logprobs",
-                          "web_search_call.action.sources", "code_interpreter_call.outputs"]] | None = None
+    include: (
+        list[
+            Literal[
+                "reasoning.encrypted_content",
+                "message.output_text.logprobs",
+                "web_search_call.action.sources",
+                "code_interpreter_call.outputs",
+            ]
+        ]
+        | None
+    ) = None
     truncation: Literal["disabled", "auto"] | None = None
     context_management: list[ContextManagement] | None = None
     metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
-        default=None, max_length=16)
+        default=None, max_length=16
+    )
     user: Annotated[str, Field(max_length=512)] | None = None
     safety_identifier: Annotated[str, Field(max_length=512)] | None = None
     prompt_cache_key: Annotated[str, Field(max_length=512)] | None = None
@@ -374,8 +393,11 @@ class ResponsesRequest(ApiRequest):
             raise invalid("Missing required parameter: 'input'.", "input")
         if self.background and self.store is False:
             raise invalid("background responses must be stored (store: true).", "background")
-        unsupported(self.truncation == "auto" or None, "truncation",
-                    "the conversation is never truncated; send 'disabled' or leave it out")
+        unsupported(
+            self.truncation == "auto" or None,
+            "truncation",
+            "the conversation is never truncated; send 'disabled' or leave it out",
+        )
         unsupported(self.top_logprobs or None, "top_logprobs", "logprobs are not returned for gpt-oss output")
         unsupported(self.prompt, "prompt", "stored prompt templates are OpenAI-hosted")
         if self.include and "message.output_text.logprobs" in self.include:
@@ -398,8 +420,7 @@ class ResponsesRequest(ApiRequest):
     @property
     def compact_now(self) -> bool:
         """The input ends with a ``compaction_trigger``."""
-        return isinstance(self.input, list) and bool(self.input) and \
-            isinstance(self.input[-1], CompactionTriggerInput)
+        return isinstance(self.input, list) and bool(self.input) and isinstance(self.input[-1], CompactionTriggerInput)
 
     @property
     def compact_threshold(self) -> int | None:

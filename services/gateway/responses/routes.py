@@ -29,6 +29,7 @@ from services.gateway.responses.items import input_item
 from services.gateway.responses.persist import dump, finish
 from services.gateway.responses.prepare import prepare
 from services.gateway.responses.request import ResponsesRequest
+from services.gateway.responses.response import TERMINAL_EVENTS
 from services.gateway.responses.run import ResponseRun
 from services.gateway.responses.websocket import Socket
 from services.gateway.store import ResponseStore, StoredResponse
@@ -39,7 +40,6 @@ log = logging.getLogger("chorus.gateway.responses")
 router = APIRouter()
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 TERMINAL = (b"response.completed", b"response.incomplete", b"response.failed", b"error")
-TERMINAL_TYPES = ("response.completed", "response.incomplete", "response.failed")
 FINISHED = ("completed", "incomplete", "failed", "cancelled")
 
 
@@ -67,8 +67,11 @@ async def create_response(request: Request) -> Any:
     req = parse_body(await request.body(), ResponsesRequest)
     sealer = ctx.sealer
     store = ctx.store_for(request)
-    run = ResponseRun(ctx, await prepare(ctx, req, store, unseal=sealer.open if sealer else None),
-                      seal=sealer.seal if sealer else None)
+    run = ResponseRun(
+        ctx,
+        await prepare(ctx, req, store, unseal=sealer.open if sealer else None),
+        seal=sealer.seal if sealer else None,
+    )
     seen = run.observe(request)
     if req.background:
         queued = run.response("queued")
@@ -83,8 +86,11 @@ async def create_response(request: Request) -> Any:
         seen.finish(outcome="failed", error=_why(exc))
         raise
     if req.stream:
-        return StreamingResponse(stream_events(ctx, run, first, batches, persist=req.stored),
-                                 media_type="text/event-stream", headers=SSE_HEADERS)
+        return StreamingResponse(
+            stream_events(ctx, run, first, batches, persist=req.stored),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
     try:  # a failure of the run is raised, never stored as a "completed" response
         await unless_client_leaves(request, _drain(batches))
     except ClientGone:  # the client left: the run is cancelled (and the engine aborted)
@@ -108,8 +114,9 @@ async def _drain(batches: AsyncIterator[list[Event]]) -> None:
         pass
 
 
-async def stream_events(ctx: GatewayContext, run: ResponseRun, first: list[Event],
-                        batches: AsyncIterator[list[Event]], *, persist: bool) -> AsyncIterator[bytes]:
+async def stream_events(
+    ctx: GatewayContext, run: ResponseRun, first: list[Event], batches: AsyncIterator[list[Event]], *, persist: bool
+) -> AsyncIterator[bytes]:
     """The run's events as SSE. A stored response is saved before its terminal event goes out:
     if storage fails the stream ends with ``response.failed`` saying so, never silently."""
     store = run.prepared.store
@@ -117,7 +124,7 @@ async def stream_events(ctx: GatewayContext, run: ResponseRun, first: list[Event
     try:
         batch: list[Event] | None = first
         while batch is not None:
-            if run.status != "in_progress" and batch and batch[-1].type in TERMINAL_TYPES:
+            if run.status != "in_progress" and batch and batch[-1].type in TERMINAL_EVENTS:
                 storage_ok = storage_ok and await _saved(run)
                 if not storage_ok:
                     batch = [*batch[:-1], run.storage_failed()]
@@ -165,16 +172,18 @@ async def compact_response(request: Request) -> Any:
 
 
 @router.get("/v1/responses/{response_id}")
-async def retrieve_response(response_id: str, request: Request, stream: bool = False,
-                            starting_after: int | None = None) -> Any:
+async def retrieve_response(
+    response_id: str, request: Request, stream: bool = False, starting_after: int | None = None
+) -> Any:
     ctx = get_ctx(request)
     store = ctx.store_for(request)
     record = await _stored(store, response_id)
     if not stream:
         return JSONResponse(record.response)
     after = starting_after if starting_after is not None else -1
-    return StreamingResponse(replay(ctx, store, response_id, after), media_type="text/event-stream",
-                             headers=SSE_HEADERS)
+    return StreamingResponse(
+        replay(ctx, store, response_id, after), media_type="text/event-stream", headers=SSE_HEADERS
+    )
 
 
 async def replay(ctx: GatewayContext, store: ResponseStore, response_id: str, after_seq: int) -> AsyncIterator[bytes]:
@@ -229,13 +238,20 @@ async def cancel_response(response_id: str, request: Request) -> Any:
 
 
 @router.get("/v1/responses/{response_id}/input_items")
-async def input_items(response_id: str, request: Request, limit: int = 20, order: str = "desc",
-                      after: str | None = None, before: str | None = None) -> Any:
+async def input_items(
+    response_id: str,
+    request: Request,
+    limit: int = 20,
+    order: str = "desc",
+    after: str | None = None,
+    before: str | None = None,
+) -> Any:
     store = get_ctx(request).store_for(request)
     record = await _stored(store, response_id)
     items = await store.items(record.input_ids)
-    return page([input_item(i).model_dump(by_alias=True, exclude_unset=True) for i in items],
-                limit, order, after, before)
+    return page(
+        [input_item(i).model_dump(by_alias=True, exclude_unset=True) for i in items], limit, order, after, before
+    )
 
 
 @router.websocket("/v1/responses")

@@ -38,16 +38,18 @@ class ToolLoop:
     history: dict[int, list[ConversationItem]] = field(default_factory=dict)
 
     @classmethod
-    def for_request(cls, ctx: GatewayContext, response_id: str, mcp_tools: list[McpToolParam],
-                    max_tool_calls: int | None) -> ToolLoop:
+    def for_request(
+        cls, ctx: GatewayContext, response_id: str, mcp_tools: list[McpToolParam], max_tool_calls: int | None
+    ) -> ToolLoop:
         return cls(ctx, response_id, max_tool_calls, McpTooling(ctx, response_id, mcp_tools) if mcp_tools else None)
 
     @property
     def labels(self) -> list[str]:
         return self.mcp.labels if self.mcp else []
 
-    async def prelude(self, writer: EventWriter, context: list[ConversationItem],
-                      inputs: list[ConversationItem]) -> list[Event]:
+    async def prelude(
+        self, writer: EventWriter, context: list[ConversationItem], inputs: list[ConversationItem]
+    ) -> list[Event]:
         """List the MCP servers' tools, then run what the caller approved."""
         if self.mcp is None:
             return []
@@ -62,8 +64,9 @@ class ToolLoop:
         if self.mcp is not None:
             await self.mcp.list_all()
 
-    async def _approved(self, writer: EventWriter, context: list[ConversationItem],
-                        inputs: list[ConversationItem]) -> list[Event]:
+    async def _approved(
+        self, writer: EventWriter, context: list[ConversationItem], inputs: list[ConversationItem]
+    ) -> list[Event]:
         assert self.mcp is not None
         asked = {i.id: i for i in context if isinstance(i, McpApprovalRequestItem)}
         events: list[Event] = []
@@ -72,16 +75,25 @@ class ToolLoop:
                 continue
             request = asked.get(answer.approval_request_id)
             if request is None:
-                raise invalid(f"No mcp_approval_request with id '{answer.approval_request_id}' in this "
-                              "conversation.", "input")
-            call = McpCallItem(id=new_id("mcp"), server_label=request.server_label, name=request.name,
-                               arguments=request.arguments, approval_request_id=request.id)
+                raise invalid(
+                    f"No mcp_approval_request with id '{answer.approval_request_id}' in this conversation.", "input"
+                )
+            call = McpCallItem(
+                id=new_id("mcp"),
+                server_label=request.server_label,
+                name=request.name,
+                arguments=request.arguments,
+                approval_request_id=request.id,
+            )
             if answer.approve:
                 call = await self.mcp.call(call)
                 self.calls_run += 1
             else:
-                call = call.model_copy(update={"error": "The user declined this tool call."
-                                               + (f" ({answer.reason})" if answer.reason else "")})
+                call = call.model_copy(
+                    update={
+                        "error": "The user declined this tool call." + (f" ({answer.reason})" if answer.reason else "")
+                    }
+                )
             events += writer.add_item(call)
         return events
 
@@ -108,8 +120,9 @@ class ToolLoop:
             events += writer.complete_mcp(index, done)
         this_turn = writer.out.turn_items()
         waiting = any(isinstance(i, McpApprovalRequestItem) for i in this_turn)
-        client_calls = any(isinstance(i, FunctionCallItem) and i.namespace not in ("browser", "python", "container")
-                           for i in this_turn)
+        client_calls = any(
+            isinstance(i, FunctionCallItem) and i.namespace not in ("browser", "python", "container") for i in this_turn
+        )
         return bool(runnable) and not refused and not waiting and not client_calls, events
 
     async def _builtins(self, writer: EventWriter) -> tuple[list[Event], bool]:

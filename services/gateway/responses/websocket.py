@@ -82,31 +82,58 @@ class Socket:
         try:
             body = raw.encode()
             if len(body) > self.ctx.settings.max_body_bytes:  # the same limit as an HTTP body
-                raise ApiError(BusError(code=ErrorCode.REQUEST_TOO_LARGE, message=(
-                    f"The event is {len(body)} bytes; at most {self.ctx.settings.max_body_bytes} are accepted.")))
+                raise ApiError(
+                    BusError(
+                        code=ErrorCode.REQUEST_TOO_LARGE,
+                        message=(
+                            f"The event is {len(body)} bytes; at most {self.ctx.settings.max_body_bytes} are accepted."
+                        ),
+                    )
+                )
             data = parse_json(body)
             if not isinstance(data, dict):
-                raise ApiError(BusError(code=ErrorCode.INVALID_REQUEST, message="A client event must be a JSON object."))
+                raise ApiError(
+                    BusError(code=ErrorCode.INVALID_REQUEST, message="A client event must be a JSON object.")
+                )
             kind = data.pop("type", None)
             lane = data.pop("stream_id", None)
             if kind != "response.create":
-                raise ApiError(BusError(code=ErrorCode.INVALID_REQUEST, param="type",
-                                        message=f"Unsupported client event type {kind!r}: send 'response.create'."))
+                raise ApiError(
+                    BusError(
+                        code=ErrorCode.INVALID_REQUEST,
+                        param="type",
+                        message=f"Unsupported client event type {kind!r}: send 'response.create'.",
+                    )
+                )
             if lane is not None and lane not in self.lanes:
                 if len(self.lanes) >= MAX_LANES:
-                    raise ApiError(BusError(code=ErrorCode.INVALID_REQUEST, param="stream_id",
-                                            message=f"At most {MAX_LANES} streams per connection."))
+                    raise ApiError(
+                        BusError(
+                            code=ErrorCode.INVALID_REQUEST,
+                            param="stream_id",
+                            message=f"At most {MAX_LANES} streams per connection.",
+                        )
+                    )
                 self.lanes.add(lane)
             for field in ("stream", "background"):
                 if data.get(field):
-                    raise ApiError(BusError(code=ErrorCode.INVALID_REQUEST, param=field,
-                                            message=f"'{field}' is not supported over WebSocket "
-                                                    "(events always stream; background is HTTP only)."))
+                    raise ApiError(
+                        BusError(
+                            code=ErrorCode.INVALID_REQUEST,
+                            param=field,
+                            message=f"'{field}' is not supported over WebSocket "
+                            "(events always stream; background is HTTP only).",
+                        )
+                    )
                 data.pop(field, None)
             generate = data.pop("generate", True)
             if len(self.active) >= MAX_ACTIVE:
-                raise ApiError(BusError(code=ErrorCode.INVALID_REQUEST,
-                                        message=f"At most {MAX_ACTIVE} responses may run at once on a connection."))
+                raise ApiError(
+                    BusError(
+                        code=ErrorCode.INVALID_REQUEST,
+                        message=f"At most {MAX_ACTIVE} responses may run at once on a connection.",
+                    )
+                )
             req = validate(data, ResponsesRequest, ignore_unknown=self.ctx.settings.ignore_unknown_fields)
             run = await self._prepare(req)
         except (ApiError, BusFailure) as exc:
@@ -126,8 +153,7 @@ class Socket:
         if parent is not None and context is not None:
             self.chains.move_to_end(parent)
         sealer = self.ctx.sealer
-        prepared = await prepare(self.ctx, req, self.store, unseal=sealer.open if sealer else None,
-                                 context=context)
+        prepared = await prepare(self.ctx, req, self.store, unseal=sealer.open if sealer else None, context=context)
         run = ResponseRun(self.ctx, prepared, seal=sealer.seal if sealer else None)
         run.observe(None)
         return run
@@ -169,10 +195,16 @@ class Socket:
 
     async def send_error(self, error: BusError, lane: str | None) -> None:
         shown = public(error)
-        code = "previous_response_not_found" if error.param == "previous_response_id" and \
-            error.code == ErrorCode.NOT_FOUND else shown.code.value
-        event: dict[str, Any] = {"type": "error", "status": shown.code.http_status, "error": {
-            "type": shown.code.openai_type, "code": code, "message": shown.message, "param": shown.param}}
+        code = (
+            "previous_response_not_found"
+            if error.param == "previous_response_id" and error.code == ErrorCode.NOT_FOUND
+            else shown.code.value
+        )
+        event: dict[str, Any] = {
+            "type": "error",
+            "status": shown.code.http_status,
+            "error": {"type": shown.code.openai_type, "code": code, "message": shown.message, "param": shown.param},
+        }
         if lane is not None:
             event["stream_id"] = lane
         async with self._send_lock:
