@@ -59,3 +59,6 @@ class EncodeRequest(Contract):
     # YYYY-MM-DD; the encoder's clock when absent. The gateway pins it, so an attempt resumed
     # on another encoder renders the identical prompt.
     current_date: str | None = None
+    # "auto": a conversation longer than the context loses its oldest messages (Responses'
+    # truncation); "disabled": it is refused (context_length_exceeded)
+    truncation: Literal["disabled", "auto"] = "disabled"

@@ -1,17 +1,14 @@
 """Conversation items -> Harmony messages -> prompt token ids (openai-harmony).
 
-Pure: ``render_prompt(request, encoding, today)``. Caller mistakes raise ``RenderError``
-carrying the ``BusError`` to send back."""
+Pure functions of the request; ``renderer.Renderer`` assembles them into token ids (with its
+caches). Caller mistakes raise ``RenderError`` carrying the ``BusError`` to send back."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import time
 import uuid
-from array import array
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +37,7 @@ from contracts.messages.items import (
     MessageItem,
     ReasoningItem,
 )
-from services.common.harmony import ASSISTANT_STOP_TOKENS, MESSAGE, START
+from services.common.harmony import MESSAGE
 from services.common.tokens import MAX_PIECE, encode_text, pieces
 
 _EFFORT = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
@@ -67,7 +64,7 @@ class RenderError(Exception):
         return RenderError, (self.error,)
 
 
-def _invalid(message: str, param: str) -> RenderError:
+def invalid(message: str, param: str) -> RenderError:
     return RenderError(BusError(code=ErrorCode.INVALID_REQUEST, message=message, param=param))
 
 
@@ -143,7 +140,7 @@ def developer_message(req: EncodeRequest) -> Message | None:
     elif isinstance(choice, NamedToolChoice):
         tools = [t for t in tools if t.name == choice.name]
         if not tools:
-            raise _invalid(
+            raise invalid(
                 f"tool_choice names the function '{choice.name}', which is not among the offered tools.", "tool_choice"
             )
         namespaces = []
@@ -360,7 +357,7 @@ def body_messages(req: EncodeRequest) -> list[tuple[Message, str]]:
         elif isinstance(item, FunctionCallOutputItem):
             author = recipients.get(item.call_id)
             if author is None:
-                raise _invalid(f"No tool call found for function call output with call_id '{item.call_id}'.", "input")
+                raise invalid(f"No tool call found for function call output with call_id '{item.call_id}'.", "input")
             messages.append((_tool_output(author, ""), item.output))
         elif isinstance(item, McpCallItem):
             recipient = _recipient(item.server_label, item.name)
@@ -383,117 +380,3 @@ def selection_text(items: Iterable[ConversationItem]) -> str:
         if isinstance(item, MessageItem) and item.role == "user":
             last = item.content
     return last
-
-
-MIN_CACHED_CHARS = 64  # shorter contents encode faster than a cache entry costs
-
-
-class Renderer:
-    """Prompt token ids for a request. The system and developer messages are rendered by
-    openai-harmony and cached (they repeat across requests: only the conversation differs);
-    each later message is its rendered header and terminator with its content encoded in
-    between, in time linear in its length, and contents seen before come from a cache (so a
-    continuation encodes only its new messages). The result equals
-    ``render_conversation_for_completion`` of the same conversation (a test checks)."""
-
-    def __init__(
-        self,
-        encoding: HarmonyEncoding,
-        knowledge_cutoff: str = "2024-06",
-        cache_size: int = 256,
-        text_budget: int = 16_000_000,
-    ) -> None:
-        self.enc = encoding
-        self.cutoff = knowledge_cutoff
-        self.cache_size = cache_size
-        self._prefixes: OrderedDict[str, list[int]] = OrderedDict()
-        self._frames: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
-        # message contents already encoded, by text (an agent loop re-sends its whole history
-        # each turn: only the new messages are encoded), at most ``text_budget`` characters
-        self._texts: OrderedDict[str, array[int]] = OrderedDict()  # 4 bytes a token
-        self._text_chars = 0
-        self.text_budget = text_budget
-        self._assistant = [START, *encoding.encode("assistant", disallowed_special=())]
-
-    def render(self, req: EncodeRequest, today: dt.date, limit: int | None = None) -> EncodedPrompt:
-        """``limit``: the context length; a prompt that reaches it is refused (``too_long``) as
-        soon as it does, without encoding the rest."""
-        t0 = time.perf_counter()
-        try:
-            tokens = list(self.prefix(req, today, limit))
-            for message, text in body_messages(req):
-                tokens += self.message(message, text, None if limit is None else limit - len(tokens))
-                if limit is not None and len(tokens) >= limit:
-                    raise PastLimit
-        except PastLimit:
-            raise too_long(limit or 0) from None
-        tokens += self._assistant
-        return EncodedPrompt(
-            token_ids=tokens,
-            stop_token_ids=list(ASSISTANT_STOP_TOKENS),
-            selection_text=selection_text(req.items),
-            render_ms=(time.perf_counter() - t0) * 1000,
-        )
-
-    def prefix(self, req: EncodeRequest, today: dt.date, limit: int | None = None) -> list[int]:
-        # every field but the conversation (instructions, tools, tool choice, effort, response
-        # format, date), and the system/developer items and compaction summaries that join the
-        # instructions
-        key = (
-            req.model_dump_json(exclude={"items", "model"})
-            + "|"
-            + today.isoformat()
-            + "|"
-            + "\x00".join(
-                i.content if isinstance(i, MessageItem) else i.summary
-                for i in req.items
-                if isinstance(i, MessageItem) and i.role in ("system", "developer") or isinstance(i, CompactionItem)
-            )
-        )
-        cached = self._prefixes.get(key)
-        if cached is not None:
-            self._prefixes.move_to_end(key)
-            return cached
-        try:
-            tokens = prefix_tokens(req, self.enc, today, self.cutoff, limit)
-        except (RenderError, PastLimit):
-            raise
-        except Exception as exc:  # openai-harmony rejects what it cannot render
-            raise _invalid(f"The instructions or tools cannot be rendered as Harmony: {exc}", "tools") from exc
-        self._prefixes[key] = tokens
-        if len(self._prefixes) > self.cache_size:
-            self._prefixes.popitem(last=False)
-        return tokens
-
-    def message(self, message: Message, text: str, limit: int | None = None) -> list[int]:
-        """One message: its header and terminator (cached per header), its content between."""
-        key = message.to_json()
-        frame = self._frames.get(key)
-        if frame is None:
-            rendered = self.enc.render(message)
-            frame = self._frames[key] = (rendered[:-1], rendered[-1])
-            if len(self._frames) > self.cache_size:
-                self._frames.popitem(last=False)
-        head, terminator = frame
-        return [*head, *self.content(text, limit), terminator]
-
-    def content(self, text: str, limit: int | None = None) -> Sequence[int]:
-        """A message's content as tokens, from the cache when it was encoded before."""
-        cached = self._texts.get(text)
-        if cached is not None:
-            self._texts.move_to_end(text)
-            return cached
-        tokens = encode_within(self.enc, text, limit)
-        if len(text) >= MIN_CACHED_CHARS and len(text) <= self.text_budget // 4:
-            self._texts[text] = array("I", tokens)
-            self._text_chars += len(text)
-            while self._text_chars > self.text_budget:
-                evicted, _ = self._texts.popitem(last=False)
-                self._text_chars -= len(evicted)
-        return tokens
-
-
-def render_prompt(
-    req: EncodeRequest, encoding: HarmonyEncoding, today: dt.date, knowledge_cutoff: str = "2024-06"
-) -> EncodedPrompt:
-    return Renderer(encoding, knowledge_cutoff).render(req, today)

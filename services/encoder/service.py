@@ -27,7 +27,8 @@ from services.common.bus import Bus, BusFailure
 from services.common.harmony import harmony_encoding
 from services.common.infra import worker_dies_with_parent
 from services.common.tokens import conversation_chars
-from services.encoder.render import EncodedPrompt, Renderer, RenderError
+from services.encoder.render import EncodedPrompt, RenderError
+from services.encoder.renderer import Renderer
 from services.encoder.settings import Settings
 
 log = logging.getLogger("chorus.encoder")
@@ -40,9 +41,9 @@ def _renderer(cutoff: str) -> Renderer:
     return Renderer(harmony_encoding(), cutoff)
 
 
-def _render(req: EncodeRequest, today: dt.date, cutoff: str, limit: int) -> EncodedPrompt:
+def _render(req: EncodeRequest, today: dt.date, cutoff: str, limit: int, reserve: int) -> EncodedPrompt:
     """Runs in a pool process (module level: picklable)."""
-    return _renderer(cutoff).render(req, today, limit)
+    return _renderer(cutoff).render(req, today, limit, reserve)
 
 
 def _warm(cutoff: str) -> None:
@@ -205,15 +206,16 @@ class Encoder:
     async def _render(self, job: GenerateJob) -> EncodedPrompt:
         today = dt.date.today()
         cutoff = self.settings.knowledge_cutoff
+        reserve = job.sampling.max_tokens or 0  # room for the output when truncating
         if self._pool is None or prompt_chars(job.encode) < self.settings.inline_render_chars:
-            return _renderer(cutoff).render(job.encode, today, self.settings.context_length)
+            return _renderer(cutoff).render(job.encode, today, self.settings.context_length, reserve)
         loop = asyncio.get_running_loop()
         remaining = max(0.0, job.deadline - time.time())
         pool = self._pool
         try:
             async with asyncio.timeout(remaining):
                 return await loop.run_in_executor(
-                    pool, _render, job.encode, today, cutoff, self.settings.context_length
+                    pool, _render, job.encode, today, cutoff, self.settings.context_length, reserve
                 )
         except concurrent.futures.BrokenExecutor:
             if self._pool is pool:  # a render process died: later renders get a new pool

@@ -124,6 +124,7 @@ encode_request = EncodeRequest(
     builtin_tools=["browser", "python"],
     response_format=response_format,
     current_date="2025-08-05",
+    truncation="auto",
 )
 
 # parse ---------------------------------------------------------------------------------------

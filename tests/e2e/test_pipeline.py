@@ -30,6 +30,31 @@ def test_a_prompt_over_the_context_length_is_a_400(stack: RunningStack) -> None:
     assert resp.json()["error"]["code"] == "context_length_exceeded"
 
 
+def test_truncation_auto_leaves_out_the_oldest_messages(stack: RunningStack) -> None:
+    """A conversation of about 150,000 tokens: refused as it is, answered with
+    ``truncation: "auto"`` from its most recent messages that fit with the output's room."""
+    history = [
+        {"role": "user", "content": "first " * 50_000},
+        {"role": "assistant", "content": "second " * 50_000},
+        {"role": "user", "content": "third " * 50_000},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "and now? [[sim:tokens=8]]"},
+    ]
+    body = {"model": MODEL, "input": history, "max_output_tokens": 1000}
+    with httpx.Client(base_url=stack.base_url, timeout=120) as http:
+        refused = http.post("/v1/responses", json=body)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == "context_length_exceeded"
+        resp = http.post("/v1/responses", json={**body, "truncation": "auto"})
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
+    assert answer["status"] == "completed" and answer["truncation"] == "auto"
+    record = stack.wait_engine(lambda r: r["request_id"] == answer["id"])
+    # the first two messages left; the third (50,000 words) and the rest fit with 1000 to spare
+    assert 50_000 < record["prompt_tokens"] <= 131_072 - 1000
+    assert answer["usage"]["input_tokens"] == record["prompt_tokens"]
+
+
 def test_two_hundred_streams_at_once(stack: RunningStack) -> None:
     """200 concurrent streams of 200 tokens: every one completes (no 504 while the engine
     and the services are busy)."""

@@ -16,7 +16,8 @@ from openai_harmony import Conversation, HarmonyEncoding, Role
 from contracts.errors import ErrorCode
 from contracts.messages.encode import EncodeRequest, FunctionTool, ToolNamespace
 from contracts.messages.items import MessageItem
-from services.encoder.render import Renderer, RenderError, conversation_messages
+from services.encoder.render import RenderError, conversation_messages
+from services.encoder.renderer import Renderer
 from services.encoder.service import prompt_chars
 
 TODAY = dt.date(2025, 1, 1)

@@ -35,13 +35,13 @@ def test_a_render_error_survives_pickling() -> None:
 _RENDER = service._render
 
 
-def _die_on_request(req: EncodeRequest, today: dt.date, cutoff: str, limit: int) -> EncodedPrompt:
+def _die_on_request(req: EncodeRequest, today: dt.date, cutoff: str, limit: int, reserve: int) -> EncodedPrompt:
     """The pool's render function, except that a render process dies (out of memory, say)
     on a prompt that starts with "die" (a pool process forked later inherits this function)."""
     last = req.items[-1]
     if isinstance(last, MessageItem) and last.content.startswith("die"):
         os._exit(1)
-    return _RENDER(req, today, cutoff, limit)
+    return _RENDER(req, today, cutoff, limit, reserve)
 
 
 async def test_the_pool_reports_caller_mistakes_and_outlives_a_dead_process(monkeypatch: pytest.MonkeyPatch) -> None:

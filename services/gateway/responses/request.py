@@ -393,11 +393,6 @@ class ResponsesRequest(ApiRequest):
             raise invalid("Missing required parameter: 'input'.", "input")
         if self.background and self.store is False:
             raise invalid("background responses must be stored (store: true).", "background")
-        unsupported(
-            self.truncation == "auto" or None,
-            "truncation",
-            "the conversation is never truncated; send 'disabled' or leave it out",
-        )
         unsupported(self.top_logprobs or None, "top_logprobs", "logprobs are not returned for gpt-oss output")
         unsupported(self.prompt, "prompt", "stored prompt templates are OpenAI-hosted")
         if self.include and "message.output_text.logprobs" in self.include:

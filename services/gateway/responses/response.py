@@ -149,7 +149,7 @@ def build_response(
             "conversation": {"id": req.conversation_id} if req.conversation_id else None,
             "reasoning": {"effort": req.effort, "summary": summary},
             "text": _text(req),
-            "truncation": "disabled",
+            "truncation": req.truncation or "disabled",
             "store": req.stored,
             "user": req.user,
             "safety_identifier": req.safety_identifier,

@@ -78,6 +78,7 @@ def turn_spec(
         tool_choice=choice,
         builtin_tools=[b for b in req.builtin_tools() if b in ctx.settings.builtin_tools],
         reasoning_effort=req.effort,
+        truncation=req.truncation or "disabled",
     )
     offered = [] if choice == "none" else req.function_tools()
     parse = ParseSpec(

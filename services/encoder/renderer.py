@@ -1,0 +1,171 @@
+"""The encoder's renderer: prompt token ids for a request, with the caches that make an agent
+loop's next turn cheap (rendered system/developer prefixes, message frames, encoded contents),
+and Responses' ``truncation: "auto"`` (the oldest messages left out when the context is short).
+What each message says is built in ``render``."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from openai_harmony import HarmonyEncoding, Message, Role
+
+from contracts.messages.encode import EncodeRequest
+from contracts.messages.items import CompactionItem, MessageItem
+from services.common.harmony import ASSISTANT_STOP_TOKENS, START
+from services.encoder.render import (
+    EncodedPrompt,
+    PastLimit,
+    RenderError,
+    body_messages,
+    encode_within,
+    invalid,
+    prefix_tokens,
+    selection_text,
+    too_long,
+)
+
+MIN_CACHED_CHARS = 64  # shorter contents encode faster than a cache entry costs
+
+
+class Renderer:
+    """Prompt token ids for a request. The system and developer messages are rendered by
+    openai-harmony and cached (they repeat across requests: only the conversation differs);
+    each later message is its rendered header and terminator with its content encoded in
+    between, in time linear in its length, and contents seen before come from a cache (so a
+    continuation encodes only its new messages). The result equals
+    ``render_conversation_for_completion`` of the same conversation (a test checks)."""
+
+    def __init__(
+        self,
+        encoding: HarmonyEncoding,
+        knowledge_cutoff: str = "2024-06",
+        cache_size: int = 256,
+        text_budget: int = 16_000_000,
+    ) -> None:
+        self.enc = encoding
+        self.cutoff = knowledge_cutoff
+        self.cache_size = cache_size
+        self._prefixes: OrderedDict[str, list[int]] = OrderedDict()
+        self._frames: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
+        # message contents already encoded, by text (an agent loop re-sends its whole history
+        # each turn: only the new messages are encoded), at most ``text_budget`` characters
+        self._texts: OrderedDict[str, array[int]] = OrderedDict()  # 4 bytes a token
+        self._text_chars = 0
+        self.text_budget = text_budget
+        self._assistant = [START, *encoding.encode("assistant", disallowed_special=())]
+
+    def render(self, req: EncodeRequest, today: dt.date, limit: int | None = None, reserve: int = 0) -> EncodedPrompt:
+        """``limit``: the context length; a prompt that reaches it is refused (``too_long``) as
+        soon as it does, without encoding the rest, unless ``req.truncation`` is "auto": then
+        its oldest messages are left out until it fits with ``reserve`` tokens to spare (the
+        output's budget, at most half the context)."""
+        t0 = time.perf_counter()
+        try:
+            tokens = list(self.prefix(req, today, limit))
+            messages = body_messages(req)
+            if req.truncation == "auto" and limit is not None:
+                room = limit - len(tokens) - len(self._assistant) - min(reserve, limit // 2)
+                tokens += self._latest(messages, room)
+            else:
+                for message, text in messages:
+                    tokens += self.message(message, text, None if limit is None else limit - len(tokens))
+                    if limit is not None and len(tokens) >= limit:
+                        raise PastLimit
+        except PastLimit:
+            raise too_long(limit or 0) from None
+        tokens += self._assistant
+        return EncodedPrompt(
+            token_ids=tokens,
+            stop_token_ids=list(ASSISTANT_STOP_TOKENS),
+            selection_text=selection_text(req.items),
+            render_ms=(time.perf_counter() - t0) * 1000,
+        )
+
+    def _latest(self, messages: list[tuple[Message, str]], room: int) -> list[int]:
+        """The most recent messages that fit in ``room`` tokens, starting at a user message (a
+        reply or a tool's output without what it answered would mislead the model); the last
+        message always (``PastLimit`` when even it does not fit)."""
+        encoded: list[list[int] | None] = []
+        for message, text in messages:
+            try:
+                encoded.append(self.message(message, text, max(room, 1)))
+            except PastLimit:
+                encoded.append(None)  # longer than the room on its own: left out
+        start, total = len(encoded), 0
+        for i in range(len(encoded) - 1, -1, -1):
+            tokens = encoded[i]
+            if tokens is None or total + len(tokens) > room:
+                break
+            start, total = i, total + len(tokens)
+        if encoded and start == len(encoded):
+            raise PastLimit
+        while start < len(messages) - 1 and messages[start][0].author.role != Role.USER:
+            start += 1
+        return [t for tokens in encoded[start:] if tokens is not None for t in tokens]
+
+    def prefix(self, req: EncodeRequest, today: dt.date, limit: int | None = None) -> list[int]:
+        # every field but the conversation (instructions, tools, tool choice, effort, response
+        # format, date), and the system/developer items and compaction summaries that join the
+        # instructions
+        key = (
+            req.model_dump_json(exclude={"items", "model"})
+            + "|"
+            + today.isoformat()
+            + "|"
+            + "\x00".join(
+                i.content if isinstance(i, MessageItem) else i.summary
+                for i in req.items
+                if isinstance(i, MessageItem) and i.role in ("system", "developer") or isinstance(i, CompactionItem)
+            )
+        )
+        cached = self._prefixes.get(key)
+        if cached is not None:
+            self._prefixes.move_to_end(key)
+            return cached
+        try:
+            tokens = prefix_tokens(req, self.enc, today, self.cutoff, limit)
+        except (RenderError, PastLimit):
+            raise
+        except Exception as exc:  # openai-harmony rejects what it cannot render
+            raise invalid(f"The instructions or tools cannot be rendered as Harmony: {exc}", "tools") from exc
+        self._prefixes[key] = tokens
+        if len(self._prefixes) > self.cache_size:
+            self._prefixes.popitem(last=False)
+        return tokens
+
+    def message(self, message: Message, text: str, limit: int | None = None) -> list[int]:
+        """One message: its header and terminator (cached per header), its content between."""
+        key = message.to_json()
+        frame = self._frames.get(key)
+        if frame is None:
+            rendered = self.enc.render(message)
+            frame = self._frames[key] = (rendered[:-1], rendered[-1])
+            if len(self._frames) > self.cache_size:
+                self._frames.popitem(last=False)
+        head, terminator = frame
+        return [*head, *self.content(text, limit), terminator]
+
+    def content(self, text: str, limit: int | None = None) -> Sequence[int]:
+        """A message's content as tokens, from the cache when it was encoded before."""
+        cached = self._texts.get(text)
+        if cached is not None:
+            self._texts.move_to_end(text)
+            return cached
+        tokens = encode_within(self.enc, text, limit)
+        if len(text) >= MIN_CACHED_CHARS and len(text) <= self.text_budget // 4:
+            self._texts[text] = array("I", tokens)
+            self._text_chars += len(text)
+            while self._text_chars > self.text_budget:
+                evicted, _ = self._texts.popitem(last=False)
+                self._text_chars -= len(evicted)
+        return tokens
+
+
+def render_prompt(
+    req: EncodeRequest, encoding: HarmonyEncoding, today: dt.date, knowledge_cutoff: str = "2024-06"
+) -> EncodedPrompt:
+    return Renderer(encoding, knowledge_cutoff).render(req, today)
