@@ -9,6 +9,7 @@ import ipaddress
 import json
 import os
 import re
+import secrets
 import signal
 import sys
 import time
@@ -142,10 +143,19 @@ def up(args: argparse.Namespace) -> int:
         _check_free(args)
         nats_asked = args.nats_url or first_env("CHORUS_NATS_URL", "NATS_URL")
         redis_asked = args.redis_url or first_env("CHORUS_REDIS_URL", "REDIS_URL")
-        nats_proc, nats_url = ensure_nats(nats_asked or DEFAULT_NATS, log("nats"), at_url=bool(nats_asked))
+        # a NATS of our own admits only this stack's services (a password made for this run)
+        own_nats = ("chorus", secrets.token_urlsafe(24))
+        nats_proc, nats_url = ensure_nats(
+            nats_asked or DEFAULT_NATS, log("nats"), at_url=bool(nats_asked), credentials=own_nats
+        )
+        nats_env: dict[str, str] = {}
         if nats_proc is not None:
             _adopt(stack, "nats-server", nats_proc, log("nats"))
-            print(f"chorus: started nats-server (JetStream) at {nats_url}", flush=True)
+            print(
+                f"chorus: started nats-server (JetStream) at {nats_url} (clients need this stack's password)",
+                flush=True,
+            )
+            nats_env = {"CHORUS_NATS_USER": own_nats[0], "CHORUS_NATS_PASSWORD": own_nats[1]}
         else:
             _check_namespace(nats_url, namespace)
         redis_proc, redis_url = ensure_redis(redis_asked or DEFAULT_REDIS, log("redis"), at_url=bool(redis_asked))
@@ -159,6 +169,7 @@ def up(args: argparse.Namespace) -> int:
             "CHORUS_NAMESPACE": namespace,
             "CHORUS_LOG_LEVEL": args.log_level,
             "CHORUS_LOG_FORMAT": args.log_format,
+            **nats_env,
         }
         engines = list(args.engine or [])
         if not engines:

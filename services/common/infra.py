@@ -169,13 +169,20 @@ def _data_dir(data_dir: Path | None, kind: str, proc: ManagedProcess) -> str:
 
 
 def start_nats(
-    port: int | None = None, log_path: Path | None = None, *, data_dir: Path | None = None
+    port: int | None = None,
+    log_path: Path | None = None,
+    *,
+    data_dir: Path | None = None,
+    credentials: tuple[str, str] | None = None,
 ) -> tuple[ManagedProcess, str]:
-    """nats-server with JetStream, listening on loopback only."""
+    """nats-server with JetStream, listening on loopback only; with ``credentials`` (user,
+    password) it refuses clients without them."""
     port = port or free_port()
     proc = ManagedProcess("nats-server", [])
     store = _data_dir(data_dir, "nats", proc)
     proc.args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", store]
+    if credentials is not None:
+        proc.args += ["--user", credentials[0], "--pass", credentials[1]]
     proc.start(log_path)
     wait_for_port("127.0.0.1", port, proc)
     return proc, f"nats://127.0.0.1:{port}"
@@ -219,15 +226,21 @@ def _local(host: str) -> bool:
 
 
 def ensure_nats(
-    url: str, log_path: Path | None = None, *, data_dir: Path | None = None, at_url: bool = True
+    url: str,
+    log_path: Path | None = None,
+    *,
+    data_dir: Path | None = None,
+    at_url: bool = True,
+    credentials: tuple[str, str] | None = None,
 ) -> tuple[ManagedProcess | None, str]:
-    """Use the NATS at ``url`` if it answers, else start one: on that port when ``url`` is local
-    and ``at_url`` (the address was asked for), on a free port otherwise (a default address
-    never ends up held by one stack's server that another stack would then find and share)."""
+    """Use the NATS at ``url`` if it answers, else start one (requiring ``credentials``, if
+    given): on that port when ``url`` is local and ``at_url`` (the address was asked for), on a
+    free port otherwise (a default address never ends up held by one stack's server that
+    another stack would then find and share)."""
     host, port = url_host_port(url, 4222)
     if port_open(host, port):
         return None, url
-    return start_nats(port if at_url and _local(host) else None, log_path, data_dir=data_dir)
+    return start_nats(port if at_url and _local(host) else None, log_path, data_dir=data_dir, credentials=credentials)
 
 
 def ensure_redis(

@@ -164,8 +164,10 @@ def make_broker(settings: BusSettings, name: str) -> NatsBroker:
     No telemetry middleware: the handlers make their own spans from the request's headers
     (faststream's would name spans after each reply's random ``_INBOX`` subject)."""
     from faststream.nats import NatsBroker
+    from faststream.security import SASLPlaintext
 
     setup_tracing(name, settings.otlp_endpoint, instance_id=settings.instance_id)
+    given = credentials()
     return NatsBroker(
         settings.nats_url,
         name=f"chorus-{name}-{settings.instance_id}",
@@ -173,5 +175,6 @@ def make_broker(settings: BusSettings, name: str) -> NatsBroker:
         max_reconnect_attempts=-1,
         reconnect_time_wait=1,
         ping_interval=2,
-        **credentials(),  # type: ignore[arg-type]
+        # faststream takes a user and password as its security object, not as connect options
+        security=SASLPlaintext(username=given["user"], password=given["password"]) if given else None,
     )

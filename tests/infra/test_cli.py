@@ -7,6 +7,7 @@ with one line and obey SIGTERM while trying; `--version`, `--help` defaults and 
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import json
 import os
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import nats
 import openai
 import pytest
 
@@ -304,6 +306,15 @@ def test_a_signal_stops_the_whole_stack_quickly(pair: Pair, sig: int) -> None:
     assert "lost the NATS connection" not in everything  # services stopped before their bus
 
 
+async def _refuses_strangers(url: str) -> bool:
+    try:
+        nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=0)
+    except Exception:  # noqa: BLE001 - refused (authorization violation): what the test wants
+        return True
+    await nc.close()
+    return False
+
+
 def test_an_unreachable_engine_is_reported_in_seconds_and_its_return_too(tmp_path: Path) -> None:
     """An engine nobody answers at is NOT READY as soon as the rest is up (the dispatcher gives
     a starting engine a few seconds), not after --startup-timeout; `ready` follows when it
@@ -324,6 +335,7 @@ def test_an_unreachable_engine_is_reported_in_seconds_and_its_return_too(tmp_pat
     sim = None
     try:
         assert f"started nats-server (JetStream) at {nats}" in stack.wait_line("started nats-server", 30)
+        assert asyncio.run(_refuses_strangers(nats))  # the stack's own NATS wants its password
         started = time.monotonic()
         line = stack.wait_line("NOT READY", READY_WITHIN_S)
         reported_after = time.monotonic() - started

@@ -11,7 +11,9 @@ from collections.abc import Iterator
 import pytest
 
 from services.common.bus import connect
-from services.common.infra import free_port
+from services.common.infra import free_port, start_nats
+from services.common.runtime import make_broker
+from services.common.settings import BusSettings
 
 PASSWORD = "s3cret word 'x' }"
 
@@ -46,3 +48,37 @@ async def test_services_connect_with_credentials_and_not_without(
     monkeypatch.delenv("CHORUS_NATS_USER")
     with pytest.raises(Exception):  # noqa: B017 - refused (and retried until the timeout)
         await asyncio.wait_for(connect(auth_nats, "no-auth-test"), 3)
+
+
+async def test_the_nats_of_chorus_up_admits_only_its_own_services(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``chorus up`` starts its own NATS (none answered) with a password made for the run and
+    hands it to its services: a client without it is refused."""
+    proc, url = start_nats(credentials=("chorus", PASSWORD))
+    try:
+        monkeypatch.delenv("CHORUS_NATS_USER", raising=False)
+        with pytest.raises(Exception):  # noqa: B017 - refused (and retried until the timeout)
+            await asyncio.wait_for(connect(url, "stranger"), 3)
+        monkeypatch.setenv("CHORUS_NATS_USER", "chorus")
+        monkeypatch.setenv("CHORUS_NATS_PASSWORD", PASSWORD)
+        nc = await connect(url, "own-service")
+        assert nc.is_connected
+        await nc.close()
+    finally:
+        proc.stop()
+
+
+async def test_the_faststream_broker_of_the_tools_service_authenticates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tools service's request/reply handlers sit on a faststream broker, which takes the
+    user and password as a security object (as connect options it refused to start)."""
+    proc, url = start_nats(credentials=("chorus", PASSWORD))
+    try:
+        monkeypatch.setenv("CHORUS_NATS_USER", "chorus")
+        monkeypatch.setenv("CHORUS_NATS_PASSWORD", PASSWORD)
+        broker = make_broker(BusSettings(nats_url=url), "tools")
+        await asyncio.wait_for(broker.start(), 10)
+        try:
+            assert broker.connection.is_connected
+        finally:
+            await broker.stop()
+    finally:
+        proc.stop()
