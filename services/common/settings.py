@@ -58,10 +58,11 @@ class BusSettings(BaseSettings):
         "together, except each generation's first tokens (its time to first token).",
     )
     coalesce_max_window_ms: float = Field(
-        default=20.0,
+        default=40.0,
         description="Under load the dispatcher's window grows with the generations it streams "
         "(the window above times their number) up to this (ms): each generation's tokens then "
-        "travel several to a message. 0: the window never grows.",
+        "travel several to a message (a stream's text arrives in steps of up to this much; its "
+        "first tokens never wait). 0: the window never grows.",
     )
 
     @property
