@@ -216,6 +216,8 @@ async def measure_throughput(
     figures["throughput_ratio"] = chorus_tps / direct_tps
     figures["cpu_s"] = total_cpu
     figures["cpu_us_per_token"] = total_cpu / chorus_tokens * 1e6
+    # the machine's speed drifts (a shared VM): the same run's engine cost per token, as a yardstick
+    figures["cpu_per_token_vs_engine"] = figures["cpu_us_per_token"] / (direct_sim_cpu / direct_tokens * 1e6)
     figures["cpu_us_per_token_by_service"] = {services[pid]: v / chorus_tokens * 1e6 for pid, v in cpu.items()}
     figures["peak_rss_mb_by_service"] = {services[pid]: mb for pid, mb in peak.items()}
     figures["peak_rss_mb"] = max(peak.values())
@@ -253,7 +255,9 @@ def print_summary(figures: dict[str, Any]) -> None:
             f"({figures['chorus_tokens_per_s']:,.0f} / "
             f"{figures['direct_tokens_per_s']:,.0f} tokens/s)"
         ),
-        "cpu_us_per_token": f"{figures['cpu_us_per_token']:.1f} us",
+        "cpu_us_per_token": (
+            f"{figures['cpu_us_per_token']:.1f} us ({figures['cpu_per_token_vs_engine']:.2f}x the engine's own)"
+        ),
         "peak_rss_mb": (
             f"{figures['peak_rss_mb']:.1f} MB ("
             + max(figures["peak_rss_mb_by_service"].items(), key=lambda kv: kv[1])[0]
