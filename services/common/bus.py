@@ -230,11 +230,12 @@ class Bus:
                     )
                     break
                 except nats.errors.NoRespondersError as exc:
-                    if loop.time() + pause > give_up:
+                    left = give_up - loop.time()
+                    if left <= 0:
                         raise BusFailure(
                             BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message=f"no {service} service is running")
                         ) from exc
-                    await asyncio.sleep(pause)
+                    await asyncio.sleep(min(pause, left))  # the last try at the end of the grace
                     pause *= 2
         except nats.errors.TimeoutError as exc:
             raise BusFailure(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import shutil
 import signal
@@ -181,8 +182,14 @@ def start_nats(
     proc = ManagedProcess("nats-server", [])
     store = _data_dir(data_dir, "nats", proc)
     proc.args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", store]
-    if credentials is not None:
-        proc.args += ["--user", credentials[0], "--pass", credentials[1]]
+    if credentials is not None:  # in a file only its owner reads (argv is visible to every user)
+        conf = Path(store) / "auth.conf"
+        conf.touch(mode=0o600)
+        conf.chmod(0o600)
+        conf.write_text(
+            f"authorization {{\n  user: {json.dumps(credentials[0])}\n  password: {json.dumps(credentials[1])}\n}}\n"
+        )
+        proc.args += ["-c", str(conf)]
     proc.start(log_path)
     wait_for_port("127.0.0.1", port, proc)
     return proc, f"nats://127.0.0.1:{port}"

@@ -62,13 +62,14 @@ class Renderer:
         """``limit``: the context length; a prompt that reaches it is refused (``too_long``) as
         soon as it does, without encoding the rest, unless ``req.truncation`` is "auto": then
         its oldest messages are left out until it fits with ``reserve`` tokens to spare (the
-        output's budget, at most half the context)."""
+        output's budget; without one, an eighth of the context)."""
         t0 = time.perf_counter()
         try:
             tokens = list(self.prefix(req, today, limit))
             messages = body_messages(req)
             if req.truncation == "auto" and limit is not None:
-                room = limit - len(tokens) - len(self._assistant) - min(reserve, limit // 2)
+                # below the limit (a prompt of exactly ``limit`` tokens leaves no room at all)
+                room = limit - 1 - len(tokens) - len(self._assistant) - (reserve or limit // 8)
                 tokens += self._latest(messages, room)
             else:
                 for message, text in messages:
@@ -86,9 +87,10 @@ class Renderer:
         )
 
     def _latest(self, messages: list[tuple[Message, str]], room: int) -> list[int]:
-        """The most recent messages that fit in ``room`` tokens, starting at a user message (a
-        reply or a tool's output without what it answered would mislead the model); the last
-        message always (``PastLimit`` when even it does not fit)."""
+        """The most recent messages that fit in ``room`` tokens, starting at a user message when
+        one is among them (a reply or a tool's output without what it answered would mislead the
+        model), else at least not at a tool's output; the last message always (``PastLimit`` when
+        even it does not fit)."""
         encoded: list[list[int] | None] = []
         for message, text in messages:
             try:
@@ -103,8 +105,13 @@ class Renderer:
             start, total = i, total + len(tokens)
         if encoded and start == len(encoded):
             raise PastLimit
-        while start < len(messages) - 1 and messages[start][0].author.role != Role.USER:
-            start += 1
+        roles = [message.author.role for message, _ in messages]
+        user = next((i for i in range(start, len(messages)) if roles[i] == Role.USER), None)
+        if user is not None:
+            start = user
+        else:  # no user message left: at least no tool output without its call
+            while start < len(messages) - 1 and roles[start] == Role.TOOL:
+                start += 1
         return [t for tokens in encoded[start:] if tokens is not None for t in tokens]
 
     def prefix(self, req: EncodeRequest, today: dt.date, limit: int | None = None) -> list[int]:

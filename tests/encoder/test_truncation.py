@@ -96,3 +96,31 @@ def test_auto_refuses_when_even_the_last_message_is_too_long(encoding: HarmonyEn
     with pytest.raises(RenderError) as refused:
         Renderer(encoding).render(request(items, "auto"), TODAY, LIMIT)
     assert refused.value.error.code is ErrorCode.CONTEXT_LENGTH_EXCEEDED
+
+
+def test_a_tool_loop_without_a_user_message_in_reach_keeps_its_calls_with_their_outputs(
+    encoding: HarmonyEncoding,
+) -> None:
+    """The user's request is too long to keep; the agent's calls and outputs after it fit: they
+    stay (from a call, never from an output without its call), not just the last output."""
+    items: list[ConversationItem] = [MessageItem(role="user", content=words("request", 700))]
+    for i in range(3):
+        items += [
+            FunctionCallItem(call_id=f"c{i}", name="lookup", arguments=f'{{"q": "step{i}"}}'),
+            FunctionCallOutputItem(call_id=f"c{i}", output=f"result{i}"),
+        ]
+    rendered = text(encoding, Renderer(encoding).render(request(items, "auto"), TODAY, LIMIT).token_ids)
+    assert "request" not in rendered
+    for i in range(3):
+        assert f"step{i}" in rendered and f"result{i}" in rendered
+    assert rendered.index("step0") < rendered.index("result0")
+
+
+def test_auto_without_an_output_budget_keeps_an_eighth_of_the_context_free(encoding: HarmonyEncoding) -> None:
+    items: list[ConversationItem] = [
+        MessageItem(role="user", content=words("older", 200)),
+        MessageItem(role="assistant", content="ok"),
+        MessageItem(role="user", content=words("latest", 100)),
+    ]
+    prompt = Renderer(encoding).render(request(items, "auto"), TODAY, LIMIT)
+    assert len(prompt.token_ids) <= LIMIT - 1 - LIMIT // 8

@@ -55,6 +55,7 @@ async def test_the_nats_of_chorus_up_admits_only_its_own_services(monkeypatch: p
     hands it to its services: a client without it is refused."""
     proc, url = start_nats(credentials=("chorus", PASSWORD))
     try:
+        assert PASSWORD not in " ".join(proc.args)  # argv is readable by every local user
         monkeypatch.delenv("CHORUS_NATS_USER", raising=False)
         with pytest.raises(Exception):  # noqa: B017 - refused (and retried until the timeout)
             await asyncio.wait_for(connect(url, "stranger"), 3)

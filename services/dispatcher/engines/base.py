@@ -98,11 +98,12 @@ def token_ids(value: Any) -> list[int]:
 
 def status_error(status: int, message: str) -> BusError:
     """An error an engine reported inside its answer (a mid-stream event, an abort) with an HTTP
-    status: 4xx is the caller's (unless the message says the engine broke), 503 a pause another
-    worker may not have (retryable), anything else the engine's."""
-    if 400 <= status < 500 and not any(hint in message.lower() for hint in _ENGINE_FAULT_HINTS):
+    status: 4xx is the caller's (unless the message says the engine died), 503 or a dead engine
+    something another worker may not have (retryable), anything else the engine's."""
+    engine_died = any(hint in message.lower() for hint in _ENGINE_FAULT_HINTS)
+    if 400 <= status < 500 and not engine_died:
         return error_for_status(status, message)
-    if status == 503:
+    if status == 503 or engine_died:  # another engine worker may well continue it
         return BusError(code=ErrorCode.ENGINE_UNAVAILABLE, message=message, retryable=True)
     return BusError(code=ErrorCode.ENGINE_ERROR, message=message)
 

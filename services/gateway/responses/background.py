@@ -156,15 +156,21 @@ class Background:
                 error = getattr(exc, "error", None)
                 run.fail(getattr(error, "message", None) or "the response failed")
                 held += await self._append(run, [run.final_event()], last_seq)
-            await finish(run)
-            await self._append(run, held, last_seq, hold=False)
-            await store.done_running(rid)
+            # the run is over: storing it and telling its followers is not interrupted by a
+            # cancel or a lost lease arriving now (it would leave a finished run unrecorded)
+            await asyncio.shield(self._conclude(run, held, last_seq))
         except asyncio.CancelledError:
             log.info("background response %s left to another replica", rid)
         except Exception:
             log.exception("background response %s could not be finished", rid)
         finally:
             renewing.cancel()
+
+    async def _conclude(self, run: ResponseRun, held: list[Any], last_seq: int) -> None:
+        """Store the finished run, then send its terminal event, then let the job go."""
+        await finish(run)
+        await self._append(run, held, last_seq, hold=False)
+        await run.prepared.store.done_running(run.response_id)
 
     async def _log(self, run: ResponseRun, step: Step, last_seq: int) -> list[Any]:
         """Log one step; its terminal event, if any, is returned to send once stored."""
