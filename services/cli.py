@@ -42,7 +42,7 @@ def version() -> str:
 async def _until_signal(work: Coroutine[Any, Any, int]) -> int:
     """Run ``work``; SIGTERM or SIGINT meanwhile cancels it (exit status 128 + signal)."""
     loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(work)
+    task = loop.create_task(work)
     got: list[int] = []
 
     def stop(signum: int) -> None:

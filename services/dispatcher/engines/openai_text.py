@@ -31,7 +31,6 @@ def _usage(raw: Any) -> EngineUsage | None:
 class OpenAITextDecoder:
     def __init__(self) -> None:
         self.tokens = TextToHarmonyTokens(harmony_encoding())
-        self.last_id: int | None = None
 
     def feed(self, event: dict[str, Any]) -> EngineChunk | None:
         if "error" in event:
@@ -56,8 +55,6 @@ class OpenAITextDecoder:
             ids += self.tokens.tool_call(call)
         raw_finish = choice.get("finish_reason")
         if raw_finish is None:
-            if ids:
-                self.last_id = ids[-1]
             return EngineChunk(token_ids=ids, usage=usage) if ids or usage else None
         finish: Finish = "length" if raw_finish == "length" else "stop"
         ids += self.tokens.finish(finish)
