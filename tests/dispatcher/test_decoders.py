@@ -324,4 +324,9 @@ def test_decoders_never_raise_on_odd_events(event: object) -> None:
     from services.dispatcher.engines.stream import decode_event
 
     for decoder in (VllmDecoder([RETURN]), SglangDecoder("auto")):
-        decode_event(decoder, json.dumps(event).encode())
+        chunk = decode_event(decoder, json.dumps(event).encode())
+        assert chunk is None or isinstance(chunk, EngineChunk)
+        if chunk is not None:
+            assert all(type(t) is int and t >= 0 for t in chunk.token_ids)
+            # an error always ends the stream as one, with what went wrong
+            assert (chunk.error is not None) == (chunk.finish_reason == "error")
