@@ -18,11 +18,9 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -31,32 +29,12 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from services.common.harmony import harmony_encoding  # noqa: E402
-from services.common.infra import free_port  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chorus_stack import rss_mb  # noqa: E402
+from chorus_stack import Stack, chorus_services, rss_mb  # noqa: E402
+from stream_clients import pct, prompt_ids  # noqa: E402
 
 MODEL = "openai/gpt-oss-20b"
-
-
-def pct(values: list[float], p: float) -> float:
-    values = sorted(values)
-    k = max(0, min(len(values) - 1, round(p / 100 * (len(values) - 1))))
-    return values[k]
-
-
-def prompt_ids(text: str) -> list[int]:
-    from openai_harmony import Conversation, Message, Role, SystemContent
-
-    enc = harmony_encoding()
-    conv = Conversation.from_messages(
-        [
-            Message.from_role_and_content(Role.SYSTEM, SystemContent.new()),
-            Message.from_role_and_content(Role.USER, text),
-        ]
-    )
-    return list(enc.render_conversation_for_completion(conv, Role.ASSISTANT))
 
 
 async def direct_once(http: httpx.AsyncClient, engine: str, ids: list[int]) -> tuple[float, float, int]:
@@ -127,22 +105,6 @@ async def run_load(
     return results
 
 
-def children(pid: int) -> dict[int, str]:
-    out: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == pid:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-                out[int(entry.name)] = cmd.split("serve ")[-1] if "serve " in cmd else cmd.split("/")[-1][:40]
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
 def report(name: str, rows: list[tuple[float, float, int]]) -> dict[str, float]:
     ttft = [r[0] * 1000 for r in rows]
     total = [r[1] * 1000 for r in rows]
@@ -159,65 +121,8 @@ def report(name: str, rows: list[tuple[float, float, int]]) -> dict[str, float]:
     return figures
 
 
-def start_processes(
-    args: argparse.Namespace,
-) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes], str, str, Path]:
-    """The simulated engine and `chorus up` in front of it; waits until /health says 200."""
-    log_dir = Path(tempfile.mkdtemp(prefix="chorus-bench-"))
-    sim_port, port = free_port(), free_port()
-    engine = f"http://127.0.0.1:{sim_port}"
-    env = {
-        **os.environ,
-        "CHORUS_SIM_HOST": "127.0.0.1",
-        "CHORUS_SIM_PORT": str(sim_port),
-        "CHORUS_SIM_PROTOCOL": "vllm",
-        "CHORUS_SIM_TOKEN_DELAY_MS": "0",
-        "CHORUS_SIM_TOKENS_PER_CHUNK": str(args.tokens_per_chunk),
-    }
-    with open(log_dir / "sim.log", "wb") as sim_log, open(log_dir / "up.out", "wb") as up_log:
-        sim = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "serve", "sim-engine"],
-            env=env,
-            stdout=sim_log,
-            stderr=subprocess.STDOUT,
-        )
-        up = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "services.cli",
-                "up",
-                "--port",
-                str(port),
-                "--engine",
-                f"sim={engine}",
-                "--namespace",
-                f"bench{port}",
-                "--parser-workers",
-                str(args.parser_workers),
-                "--log-dir",
-                str(log_dir),
-                "--log-level",
-                "WARNING",
-            ],
-            stdout=up_log,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                if r.status == 200:
-                    return sim, up, base, engine, log_dir
-        except Exception:  # noqa: BLE001 - not up yet
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"stack did not start; logs in {log_dir}")
-        time.sleep(0.2)
-
-
-async def main(args: argparse.Namespace, up_pid: int, base: str, engine: str, log_dir: Path) -> None:
+async def main(args: argparse.Namespace, stack: Stack) -> None:
+    base, engine, log_dir = stack.base, stack.engine, stack.log_dir
     text = f"Benchmark question [[sim:tokens={args.tokens}]]"
     ids = prompt_ids(text)
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
@@ -250,7 +155,7 @@ async def main(args: argparse.Namespace, up_pid: int, base: str, engine: str, lo
 
         async def sample_rss() -> None:
             while True:
-                for pid, name in children(up_pid).items():
+                for pid, name in chorus_services(stack.up.pid).items():
                     peak[f"{name}[{pid}]"] = max(peak.get(f"{name}[{pid}]", 0.0), rss_mb(pid))
                 await asyncio.sleep(0.5)
 
@@ -283,11 +188,9 @@ if __name__ == "__main__":
         "one per decode step per request, or more with a stream interval)",
     )
     args = ap.parse_args()
-    sim, up, base, engine, log_dir = start_processes(args)
+    stack = Stack(Path(tempfile.mkdtemp(prefix="chorus-bench-")))
     try:
-        asyncio.run(main(args, up.pid, base, engine, log_dir))
+        stack.start(args)
+        asyncio.run(main(args, stack))
     finally:
-        up.terminate()
-        up.wait(30)
-        sim.terminate()
-        sim.wait(10)
+        stack.stop()

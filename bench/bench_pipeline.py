@@ -34,7 +34,7 @@ import aiohttp
 
 # bench/ modules (the script's directory is on sys.path)
 from chorus_stack import ROOT, Stack, chorus_services, cpu_seconds, rss_mb, show_logs
-from stream_clients import Load, Result, chat_text, chorus_once, direct_once, prompt_ids, run_load
+from stream_clients import Load, Result, chat_text, chorus_once, direct_once, pct, prompt_ids, run_load
 
 WARMUP = 20
 
@@ -51,15 +51,6 @@ TARGETS: dict[str, tuple[str, str, Callable[[float], bool]]] = {
 
 
 # ------------------------------------------------------------------------------------ helpers
-
-
-def pct(values: list[float], p: float) -> float:
-    """Nearest-rank percentile (0 for no values)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def note_errors(figures: dict[str, Any], run: str, load: Load) -> None:

@@ -40,6 +40,15 @@ def prompt_ids(text: str) -> list[int]:
     return list(harmony_encoding().render_conversation_for_completion(conv, Role.ASSISTANT))
 
 
+def pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile (0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
 def chat_text(tokens: int, delay_ms: float = 0.0) -> str:
     pace = f" [[sim:delay_ms={delay_ms:g}]]" if delay_ms else ""
     return f"Benchmark question [[sim:tokens={tokens}]]{pace}"
