@@ -87,6 +87,24 @@ class RunningStack:
         """The sum of the samples of ``name`` in the gateway's /metrics that carry ``labels``."""
         return total(self.metrics(), name, **labels)
 
+    def start_gateway(self, name: str = "gateway-b") -> tuple[ManagedProcess, str]:
+        """Another gateway replica of this stack (same namespace, NATS and Redis), logging to
+        ``name``.log beside the stack's logs: the process and its /v1 URL (``stop`` it)."""
+        port = free_port()
+        env = {
+            **os.environ,
+            "CHORUS_NAMESPACE": self.namespace,
+            "CHORUS_PORT": str(port),
+            "CHORUS_MODELS": json.dumps([MODEL]),
+            "CHORUS_NATS_URL": self.nats_url,
+            "CHORUS_REDIS_URL": self.redis_url,
+        }
+        proc = ManagedProcess(name, [sys.executable, "-m", "services.cli", "serve", "gateway"])
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed with the process
+        proc.proc = subprocess.Popen(proc.args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        wait_for_port("127.0.0.1", port, proc, timeout=30)
+        return proc, f"http://127.0.0.1:{port}/v1"
+
     def engine_requests(self) -> list[EngineRecord]:
         assert self.engine_url
         records: list[EngineRecord] = httpx.get(f"{self.engine_url}/sim/requests", timeout=5).json()

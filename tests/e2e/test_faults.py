@@ -185,30 +185,6 @@ def test_nats_restart(nats_url: str, redis_url: str) -> None:
         stack.stop()
 
 
-def start_gateway(stack: RunningStack) -> tuple[ManagedProcess, str]:
-    """A second gateway replica of ``stack`` (same namespace, NATS and Redis)."""
-    import json
-    import subprocess
-    import sys
-
-    from services.common.infra import wait_for_port
-
-    port = free_port()
-    env = {
-        **os.environ,
-        "CHORUS_NAMESPACE": stack.namespace,
-        "CHORUS_PORT": str(port),
-        "CHORUS_MODELS": json.dumps([MODEL]),
-        "CHORUS_NATS_URL": stack.nats_url,
-        "CHORUS_REDIS_URL": stack.redis_url,
-    }
-    proc = ManagedProcess("gateway-b", [sys.executable, "-m", "services.cli", "serve", "gateway"])
-    log = open(stack.log_dir / "gateway-b.log", "ab")  # noqa: SIM115 - closed with the process
-    proc.proc = subprocess.Popen(proc.args, env=env, stdout=log, stderr=subprocess.STDOUT)
-    wait_for_port("127.0.0.1", port, proc, timeout=30)
-    return proc, f"http://127.0.0.1:{port}/v1"
-
-
 def test_background_response_survives_its_gateway(fault_stack: RunningStack) -> None:
     """A background response whose gateway is killed completes on another replica; a client
     following its stream sees one stream: every sequence number once, the same text."""
@@ -216,7 +192,7 @@ def test_background_response_survives_its_gateway(fault_stack: RunningStack) -> 
     prompt = "Background fault [[sim:tokens=400]] [[sim:delay_ms=8]]"
     client = fault_stack.client()
     want = client.responses.create(model=MODEL, input=prompt)  # the undisturbed answer
-    other, url = start_gateway(fault_stack)
+    other, url = fault_stack.start_gateway()
     try:
         b = openai.OpenAI(base_url=url, api_key="chorus", max_retries=0, timeout=60)
         resp = client.responses.create(model=MODEL, input=prompt, background=True)

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from typing import cast
 
 import openai
@@ -22,7 +19,6 @@ from openai.types.responses import (
 )
 from openai.types.responses.response_input_param import FunctionCallOutput
 
-from services.common.infra import ManagedProcess, free_port, wait_for_port
 from tests.e2e.conftest import MODEL, RunningStack
 
 # without ``strict``, as clients send it (openai-python's type requires the key)
@@ -260,29 +256,14 @@ def test_bad_requests(stack: RunningStack) -> None:
 def test_gateway_restart_between_turns(stack: RunningStack) -> None:
     """Turn 1 through one gateway process, turn 2 through a new one: state lives in Redis."""
 
-    def gateway() -> tuple[ManagedProcess, str]:
-        port = free_port()
-        env = {
-            **os.environ,
-            "CHORUS_NAMESPACE": stack.namespace,
-            "CHORUS_PORT": str(port),
-            "CHORUS_MODELS": json.dumps([MODEL]),
-            "CHORUS_NATS_URL": stack.nats_url,
-            "CHORUS_REDIS_URL": stack.redis_url,
-        }
-        proc = ManagedProcess("gateway", [sys.executable, "-m", "services.cli", "serve", "gateway"])
-        proc.proc = subprocess.Popen(proc.args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        wait_for_port("127.0.0.1", port, proc, timeout=30)
-        return proc, f"http://127.0.0.1:{port}/v1"
-
-    proc, url = gateway()
+    proc, url = stack.start_gateway("gateway-turn")
     try:
         first = openai.OpenAI(base_url=url, api_key="x", max_retries=0).responses.create(
             model=MODEL, input="Remember the word pelican."
         )
     finally:
         proc.stop()
-    proc, url = gateway()
+    proc, url = stack.start_gateway("gateway-turn")
     try:
         second = openai.OpenAI(base_url=url, api_key="x", max_retries=0).responses.create(
             model=MODEL, input="Which word?", previous_response_id=first.id
