@@ -33,6 +33,15 @@ def conversation() -> list[ConversationItem]:
     ]
 
 
+def older_and_latest() -> list[ConversationItem]:
+    """A short exchange: it fits in LIMIT, with room to spare only for a small output."""
+    return [
+        MessageItem(role="user", content=words("older", 200)),
+        MessageItem(role="assistant", content="ok"),
+        MessageItem(role="user", content=words("latest", 100)),
+    ]
+
+
 def request(items: list[ConversationItem], truncation: str) -> EncodeRequest:
     return EncodeRequest.model_validate({"model": "m", "items": items, "truncation": truncation})
 
@@ -77,11 +86,7 @@ def test_auto_keeps_what_fits(encoding: HarmonyEncoding) -> None:
 
 
 def test_auto_keeps_room_for_the_output(encoding: HarmonyEncoding) -> None:
-    items: list[ConversationItem] = [
-        MessageItem(role="user", content=words("older", 200)),
-        MessageItem(role="assistant", content="ok"),
-        MessageItem(role="user", content=words("latest", 100)),
-    ]
+    items = older_and_latest()
     roomy = text(encoding, Renderer(encoding).render(request(items, "auto"), TODAY, LIMIT).token_ids)
     assert "older" in roomy  # fits as it is
     tight = text(encoding, Renderer(encoding).render(request(items, "auto"), TODAY, LIMIT, reserve=400).token_ids)
@@ -117,10 +122,6 @@ def test_a_tool_loop_without_a_user_message_in_reach_keeps_its_calls_with_their_
 
 
 def test_auto_without_an_output_budget_keeps_an_eighth_of_the_context_free(encoding: HarmonyEncoding) -> None:
-    items: list[ConversationItem] = [
-        MessageItem(role="user", content=words("older", 200)),
-        MessageItem(role="assistant", content="ok"),
-        MessageItem(role="user", content=words("latest", 100)),
-    ]
+    items = older_and_latest()
     prompt = Renderer(encoding).render(request(items, "auto"), TODAY, LIMIT)
     assert len(prompt.token_ids) <= LIMIT - 1 - LIMIT // 8
