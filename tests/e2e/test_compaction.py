@@ -159,3 +159,18 @@ def test_a_compaction_trigger_compacts_and_ends_the_response(stack: RunningStack
     with pytest.raises(openai.BadRequestError) as info:
         client.responses.create(model=MODEL, input=[{"type": "compaction_trigger"}, *history()])
     assert _error_param(info.value) == "input[0]"
+
+
+def test_a_conversation_too_long_to_compact_is_a_400(stack: RunningStack) -> None:
+    """Compacting a conversation longer than the model's context: the caller's 400, before
+    anything is sent (streamed or not), as for any other model turn; not a failed response."""
+    body = {
+        "model": MODEL,
+        "input": [{"role": "user", "content": "word " * 140_000}, {"type": "compaction_trigger"}],
+        "context_management": [{"type": "compaction", "compact_threshold": 1000}],
+    }
+    with httpx.Client(base_url=stack.base_url, timeout=120) as http:
+        for stream in (False, True):
+            resp = http.post("/v1/responses", json={**body, "stream": stream})
+            assert resp.status_code == 400, resp.text
+            assert resp.json()["error"]["code"] == "context_length_exceeded"

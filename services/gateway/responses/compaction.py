@@ -9,7 +9,9 @@ summary rendered into the developer message as context."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, model_validator
@@ -22,7 +24,7 @@ from services.common.tokens import conversation_chars
 from services.gateway.context import GatewayContext
 from services.gateway.edge import ApiRequest
 from services.gateway.errors import ApiError, invalid
-from services.gateway.generation import GenerationSpec
+from services.gateway.generation import Generation, GenerationSpec
 from services.gateway.responses.context import load_context, referenced
 from services.gateway.responses.items import Unseal, input_item, input_items, new_id, output_item
 from services.gateway.responses.request import InputItem, ReasoningParam, Text
@@ -88,7 +90,8 @@ def estimated_tokens(items: list[ConversationItem], instructions: str | None) ->
     return (len(instructions or "") + conversation_chars(items) + frames) // CHARS_PER_TOKEN
 
 
-async def summarize(
+@contextlib.asynccontextmanager
+async def summary_generation(
     ctx: GatewayContext,
     *,
     model: str,
@@ -96,8 +99,9 @@ async def summarize(
     instructions: str | None,
     request_id: str,
     trace: dict[str, str] | None = None,
-) -> tuple[str, Usage]:
-    """One model turn that writes the summary of ``items``: (summary, usage)."""
+) -> AsyncIterator[Generation]:
+    """The model turn that writes the summary of ``items``, started: a conversation the model
+    cannot take (too long) raises here, before a caller has been sent anything."""
     encode = EncodeRequest(
         model=model,
         instructions=instructions,
@@ -107,17 +111,22 @@ async def summarize(
     spec = GenerationSpec(
         encode, SamplingParams(max_tokens=SUMMARY_MAX_TOKENS), ParseSpec(request_id=request_id), trace
     )
+    async with ctx.generations.open(spec) as generation:
+        yield generation
+
+
+async def read_summary(generation: Generation) -> tuple[str, Usage]:
+    """The summary a ``summary_generation`` writes, and its usage."""
     answer: list[str] = []
     usage = Usage()
-    async with ctx.generations.open(spec) as generation:
-        async for batch in generation.batches():
-            for event in batch:
-                if isinstance(event, ItemDone) and isinstance(event.item, MessageItem):
-                    answer.append(event.item.content)
-                elif isinstance(event, Finished):
-                    usage = event.usage
-                elif isinstance(event, Failed):
-                    raise ApiError(event.error)
+    async for batch in generation.batches():
+        for event in batch:
+            if isinstance(event, ItemDone) and isinstance(event.item, MessageItem):
+                answer.append(event.item.content)
+            elif isinstance(event, Finished):
+                usage = event.usage
+            elif isinstance(event, Failed):
+                raise ApiError(event.error)
     summary = "\n\n".join(a.strip() for a in answer if a.strip())
     if not summary:
         raise ApiError(invalid("The model wrote no summary of this conversation; try again.", "input").error)
@@ -134,9 +143,10 @@ async def compact(
     context = await load_context(store, req.previous_response_id)
     items = [*context, *input_items(req.input, await referenced(store, req.input), unseal)]
     compaction_id = new_id("cmp")
-    summary, usage = await summarize(
+    async with summary_generation(
         ctx, model=req.model, items=items, instructions=req.instructions, request_id=compaction_id
-    )
+    ) as generation:
+        summary, usage = await read_summary(generation)
     item = CompactionItem(summary=summary, id=compaction_id, sealed=seal(summary))
     *users, last = compacted(items, item)
     return {

@@ -34,7 +34,7 @@ from services.gateway.context import GatewayContext
 from services.gateway.errors import STORAGE_DOWN, ApiError, public
 from services.gateway.generation import Generation, GenerationSpec, Replayed
 from services.gateway.observe import Observed, current
-from services.gateway.responses.compaction import estimated_tokens, summarize, visible
+from services.gateway.responses.compaction import estimated_tokens, read_summary, summary_generation, visible
 from services.gateway.responses.events import Event, EventWriter
 from services.gateway.responses.items import new_id
 from services.gateway.responses.output import ItemView, Output
@@ -260,24 +260,34 @@ class ResponseRun:
         w = self.writer
         item_id = new_id("cmp")
         index = self.output.next_index
-        yield [
-            *opening,
-            ResponseCompactionCompactingEvent(
-                type="response.compaction.compacting", item_id=item_id, output_index=index, sequence_number=w.seq()
-            ),
-        ]
+        started = False
         try:
-            summary, usage = await summarize(
+            async with summary_generation(
                 self.ctx,
                 model=self.request.model,
                 items=visible(self.conversation()),
                 instructions=self.request.instructions,
                 request_id=item_id,
                 trace=telemetry.carrier_of(self.observed.span) if self.observed else None,
-            )
+            ) as generation:
+                # like a model turn, nothing is sent before an engine took it: a conversation
+                # too long for the model is the caller's 400, not a failed response
+                started = True
+                yield [
+                    *opening,
+                    ResponseCompactionCompactingEvent(
+                        type="response.compaction.compacting",
+                        item_id=item_id,
+                        output_index=index,
+                        sequence_number=w.seq(),
+                    ),
+                ]
+                summary, usage = await read_summary(generation)
         except (ApiError, BusFailure) as exc:
-            self.fail(f"Compacting the conversation failed: {public(exc.error).message}")
-            return
+            if started or not opening or exc.error.code.http_status >= 500:
+                self.fail(f"Compacting the conversation failed: {public(exc.error).message}")
+                return
+            raise
         self._add_usage(usage)
         item = CompactionItem(summary=summary, id=item_id, sealed=self.seal(summary) if self.seal else None)
         events = w.add_item(item)
