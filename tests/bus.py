@@ -11,15 +11,14 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import nats
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from pydantic import BaseModel, TypeAdapter
 
 from contracts.messages.encode import EncodeRequest
 from contracts.messages.generate import GenerateJob, GenerateRequest, ParseSpec, Route, SamplingParams
 from contracts.messages.items import MessageItem
 from contracts.subjects import Subjects
-from services.common.bus import Bus
+from services.common.bus import Bus, Connection
+from services.common.wire import Received
 
 T = TypeVar("T")
 
@@ -35,13 +34,13 @@ G = TypeVar("G", bound=OfGeneration)
 class Tap(Generic[T]):
     """Every message on ``subject``, decoded, in arrival order."""
 
-    def __init__(self, nc: NatsClient, subject: str, adapter: TypeAdapter[T]) -> None:
+    def __init__(self, nc: Connection, subject: str, adapter: TypeAdapter[T]) -> None:
         self.nc, self.subject, self.adapter = nc, subject, adapter
         self.queue: asyncio.Queue[T] = asyncio.Queue()
         self.seen: list[T] = []
 
     async def __aenter__(self) -> Tap[T]:
-        async def on(msg: Msg) -> None:
+        async def on(msg: Received) -> None:
             value = self.adapter.validate_json(msg.data)
             self.seen.append(value)
             self.queue.put_nowait(value)

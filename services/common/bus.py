@@ -1,6 +1,7 @@
-"""Typed messages over raw nats-py: the request path's hops pay no framework cost.
+"""Typed messages over NATS: the request path's hops pay no framework cost.
 
-``Bus`` wraps one service's NATS connection:
+``Bus`` wraps one service's NATS connection (``Wire``, the lean client in ``wire.py``, on a
+``nats://`` server; nats-py for ``tls://`` and for a connection a faststream broker made):
 - ``publish`` a contract (a payload over the server's size limit goes to a JetStream object
   store and travels as a claim, so a 131k-token prompt is never refused by NATS);
 - ``subscribe`` with a typed handler (unreadable messages are logged and dropped: garbage on
@@ -25,7 +26,6 @@ from typing import Any, Generic, TypeVar
 import nats
 import nats.errors
 from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import ObjectStoreConfig
 from nats.js.object_store import ObjectStore
@@ -34,6 +34,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from contracts.errors import BusError, ErrorCode
 from contracts.subjects import CLAIM_HEADER, Subjects
 from services.common.telemetry import inject
+from services.common.wire import Received, Wire
+from services.common.wire import Subscription as WireSubscription
 
 log = logging.getLogger("chorus.bus")
 
@@ -69,29 +71,37 @@ def credentials() -> dict[str, str]:
     return {"user": user, "password": password or ""} if user else {}
 
 
-async def connect(url: str, name: str, **callbacks: Any) -> NatsClient:
-    """A NATS connection that reconnects forever and notices a dead server in seconds."""
-    return await nats.connect(
-        url,
-        name=name,
+Connection = NatsClient | Wire
+AnySubscription = Subscription | WireSubscription
+
+
+async def connect(url: str, name: str, **callbacks: Any) -> Connection:
+    """A NATS connection that reconnects forever and notices a dead server in seconds: the
+    lean ``Wire`` on plain ``nats://`` servers, nats-py where TLS is asked for."""
+    options: dict[str, Any] = {
+        "name": name,
         **credentials(),
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.25,
-        connect_timeout=2,
-        ping_interval=2,
-        max_outstanding_pings=2,
+        "reconnect_time_wait": 0.25,
+        "connect_timeout": 2,
+        "ping_interval": 2,
+        "max_outstanding_pings": 2,
         **callbacks,
-    )
+    }
+    if all(server.strip().startswith("nats://") for server in url.split(",")):
+        return await Wire.connect(url, **options)
+    return await nats.connect(url, max_reconnect_attempts=-1, **options)
 
 
 class Bus:
     """One service's NATS connection, typed."""
 
-    def __init__(self, nc: NatsClient, subjects: Subjects) -> None:
+    def __init__(self, nc: Connection, subjects: Subjects) -> None:
         self.nc = nc
         self.subjects = subjects
         self._store: ObjectStore | None = None
-        self._subs: list[tuple[Subscription, bool]] = []  # (subscription, takes work)
+        self._side: NatsClient | None = None  # JetStream's connection when ``nc`` is a Wire
+        self._side_lock = asyncio.Lock()
+        self._subs: list[tuple[AnySubscription, bool]] = []  # (subscription, takes work)
 
     @classmethod
     async def connect(
@@ -103,7 +113,7 @@ class Bus:
         on_disconnect: Callable[[], Awaitable[None]] | None = None,
         on_reconnect: Callable[[], Awaitable[None]] | None = None,
     ) -> Bus:
-        clients: list[NatsClient] = []
+        clients: list[Connection] = []
 
         async def disconnected() -> None:
             if clients and clients[0].is_closed:
@@ -133,9 +143,24 @@ class Bus:
             data = b""
         await self.nc.publish(subject, data, headers=headers or None)
 
+    async def _jetstream_client(self) -> NatsClient:
+        """A nats-py connection for JetStream (the object store of oversized payloads): ``nc``
+        itself, or one opened beside a ``Wire`` on first use."""
+        if isinstance(self.nc, NatsClient):
+            return self.nc
+        async with self._side_lock:
+            if self._side is None:
+                self._side = await nats.connect(
+                    ",".join(self.nc.servers),
+                    name=f"{self.nc.name}-jetstream",
+                    **credentials(),
+                    max_reconnect_attempts=-1,
+                )
+        return self._side
+
     async def _objects(self) -> ObjectStore:
         if self._store is None:
-            js = self.nc.jetstream()
+            js = (await self._jetstream_client()).jetstream()
             bucket = self.subjects.object_store
             try:
                 self._store = await js.object_store(bucket)
@@ -159,7 +184,7 @@ class Bus:
             ) from exc
         return key
 
-    async def payload(self, msg: Msg) -> bytes:
+    async def payload(self, msg: Received) -> bytes:
         """The message's payload, fetched (once) from the object store if it was a claim."""
         key = (msg.headers or {}).get(CLAIM_HEADER)
         if not key:
@@ -179,12 +204,12 @@ class Bus:
         *,
         queue: str = "",
         takes_work: bool = False,
-    ) -> Subscription:
+    ) -> AnySubscription:
         """Call ``handler`` with each message, decoded. Messages are handled one at a time, in
         order (a handler that must not block the next message starts a task). ``takes_work``:
         a queue subscription that is dropped first when the service drains."""
 
-        async def on_msg(msg: Msg) -> None:
+        async def on_msg(msg: Received) -> None:
             try:
                 value = adapter.validate_json(await self.payload(msg))
             except (ValidationError, ValueError) as exc:
@@ -202,14 +227,29 @@ class Bus:
         self._subs.append((sub, takes_work))
         return sub
 
-    async def stop_taking_work(self) -> None:
-        """Leave the queue groups that hand this instance new work (draining)."""
-        for sub, takes_work in self._subs:
-            if takes_work:
-                with contextlib.suppress(Exception):
+    async def stop_taking_work(self, timeout: float = 5.0) -> None:
+        """Leave the queue groups that hand this instance new work (draining), without losing
+        the work the server had already sent: it arrives and its handlers run (at most
+        ``timeout`` seconds)."""
+
+        async def leave(sub: AnySubscription) -> None:
+            with contextlib.suppress(Exception):
+                if isinstance(sub, WireSubscription):
+                    await sub.drain(timeout)
+                else:  # nats-py (a faststream broker's connection)
                     await sub.unsubscribe()
+
+        await asyncio.gather(*(leave(sub) for sub, takes_work in self._subs if takes_work))
         with contextlib.suppress(Exception):
             await self.nc.flush(timeout=2)
+
+    async def caught_up(self, timeout: float = 2.0) -> None:
+        """Until what has arrived on the other subscriptions is handled (at most ``timeout``
+        seconds; nats-py's subscriptions, behind TLS, are not waited for)."""
+        if isinstance(self.nc, Wire):
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self.nc.caught_up()
 
     async def request(
         self, subject: str, msg: BaseModel, reply_type: TypeAdapter[T], *, timeout: float, service: str
@@ -247,10 +287,13 @@ class Bus:
         return value
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.nc.drain()
-        with contextlib.suppress(Exception):
-            await self.nc.close()
+        for nc in (self.nc, self._side):
+            if nc is None:
+                continue
+            with contextlib.suppress(Exception):
+                await nc.drain()
+            with contextlib.suppress(Exception):
+                await nc.close()
 
 
 Window = float | Callable[[], float]  # seconds, or asked at each frame
@@ -358,6 +401,11 @@ class Outboxes(Generic[T, F]):
         if box is not None:
             box._items.clear()
             await box.close()
+
+    async def flush(self) -> None:
+        """Send everything waiting now (a draining service, before it says it stops)."""
+        for box in list(self._boxes.values()):
+            await box.flush()
 
     async def close(self) -> None:
         for box in list(self._boxes.values()):

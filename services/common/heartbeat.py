@@ -56,6 +56,7 @@ class Peers:
         self._peers: dict[str, dict[str, Peer]] = {}
         self._on_death: list[DeathCallback] = []
         self._paused = False
+        self._bus: Bus | None = None  # the bus the beats come in on
         self._heard = asyncio.Event()  # set on every beat (for ``wait_for``)
 
     def on_death(self, callback: DeathCallback) -> None:
@@ -67,6 +68,8 @@ class Peers:
         if beat.stopping:
             if peers.pop(beat.instance, None) is not None:
                 log.info("%s %s stopped", beat.service, beat.instance)
+                if self._bus is not None:  # what it sent before saying so is handled first
+                    await self._bus.caught_up()
                 await self._died(beat.service, beat.instance)
             return
         peer = peers.get(beat.instance)
@@ -88,6 +91,8 @@ class Peers:
     async def wait_usable(self, service: str, timeout: float) -> bool:
         """Until an instance of ``service`` that takes work is heard from (at most ``timeout``
         seconds): a supervisor restarting the only instance takes about a second."""
+        if any(p.usable for p in self.alive(service)):
+            return True  # the usual case, without a timer
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 while not any(p.usable for p in self.alive(service)):
@@ -153,6 +158,7 @@ class Peers:
                 log.exception("death callback for %s %s failed", service, instance)
 
     async def listen(self, bus: Bus, services: list[str]) -> None:
+        self._bus = bus
         for service in services:
             await bus.subscribe(bus.subjects.heartbeat(service), HEARTBEAT, self.observe)
 

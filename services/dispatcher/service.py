@@ -131,8 +131,12 @@ class Dispatcher:
         return len(self.active)
 
     async def drain(self) -> None:
-        """Finish every generation in hand (the caller bounds how long)."""
+        """Finish every generation in hand and send its last frames (the caller bounds how
+        long): all of it leaves before the "stopping" heartbeat."""
         await self._idle.wait()
+        for outboxes in (self._tokens, self._events):
+            if outboxes is not None:
+                await outboxes.flush()
 
     async def shutdown(self) -> None:
         """End every generation still streaming (retryable: the gateway continues it on

@@ -111,18 +111,36 @@ class Encoder:
 
     # handlers ---------------------------------------------------------------------------
     async def on_job(self, job: GenerateJob) -> None:
-        """Start the job and return at once (the subscription delivers the next job)."""
-        task = asyncio.get_running_loop().create_task(self._run(job))
-        self._tasks.add(task)
+        """A small prompt is rendered here (about a millisecond: a task would only add a step
+        to its time to first token); a large one in a task, so the subscription delivers the
+        next job meanwhile."""
+        pooled = self._pooled(job)
         self.in_flight += 1
         self._idle.clear()
+        if not pooled:
+            try:
+                await self._run(job, pooled=False)
+            finally:
+                self._settle()
+            return
+        task = asyncio.get_running_loop().create_task(self._run(job, pooled=True))
+        self._tasks.add(task)
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
+        self._settle()
+        if not task.cancelled() and (exc := task.exception()) is not None:  # _run answers for itself
+            log.error("a render task failed", exc_info=exc)
+
+    def _settle(self) -> None:
         self.in_flight -= 1
-        if not self._tasks:
+        if not self.in_flight:
             self._idle.set()
+
+    def _pooled(self, job: GenerateJob) -> bool:
+        """Whether ``job`` renders in the pool of processes (large prompts) or inline."""
+        return self._pool is not None and prompt_chars(job.encode) >= self.settings.inline_render_chars
 
     async def on_cancel(self, msg: Cancel) -> None:
         self._cancelled[msg.generation_id] = None
@@ -136,7 +154,7 @@ class Encoder:
     def _given_up(self, job: GenerateJob) -> bool:
         return job.generation_id in self._cancelled or time.time() > job.deadline
 
-    async def _run(self, job: GenerateJob) -> None:
+    async def _run(self, job: GenerateJob, *, pooled: bool) -> None:
         if self._given_up(job):
             log.info("generation %s: given up before rendering; dropped", job.generation_id)
             return
@@ -147,13 +165,13 @@ class Encoder:
             **{telemetry.GEN_AI_REQUEST_MODEL: job.encode.model, "chorus.generation_id": job.generation_id},
         )
         try:
-            await self._encode(job, span)
+            await self._encode(job, span, pooled)
         finally:
             span.end()
 
-    async def _encode(self, job: GenerateJob, span: Span) -> None:
+    async def _encode(self, job: GenerateJob, span: Span, pooled: bool) -> None:
         try:
-            prompt = await self._render(job)
+            prompt = await self._render(job, pooled)
         except RenderError as exc:
             await self._fail(job, exc.error, span)
             return
@@ -203,15 +221,15 @@ class Encoder:
         except BusFailure as exc:
             await self._fail(job, exc.error, span)
 
-    async def _render(self, job: GenerateJob) -> EncodedPrompt:
+    async def _render(self, job: GenerateJob, pooled: bool) -> EncodedPrompt:
         today = dt.date.today()
         cutoff = self.settings.knowledge_cutoff
         reserve = job.sampling.max_tokens or 0  # room for the output when truncating
-        if self._pool is None or prompt_chars(job.encode) < self.settings.inline_render_chars:
+        pool = self._pool
+        if pool is None or not pooled:
             return _renderer(cutoff).render(job.encode, today, self.settings.context_length, reserve)
         loop = asyncio.get_running_loop()
         remaining = max(0.0, job.deadline - time.time())
-        pool = self._pool
         try:
             async with asyncio.timeout(remaining):
                 return await loop.run_in_executor(

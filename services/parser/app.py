@@ -38,7 +38,7 @@ async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: a
 
         expiring = asyncio.get_running_loop().create_task(expire_forever())
         try:
-            await rt.serve(ready=ready, drain=sessions.idle.wait)
+            await rt.serve(ready=ready, drain=sessions.drain)
         finally:
             expiring.cancel()
             await sessions.close()

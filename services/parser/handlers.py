@@ -77,6 +77,12 @@ class Sessions:
         if not self._open:
             self.idle.set()
 
+    async def drain(self) -> None:
+        """Until no session is open and their last events are sent (before the "stopping"
+        heartbeat, which the gateways would take for the death of the sessions not yet ended)."""
+        await self.idle.wait()
+        await self._out.flush()
+
     async def close(self) -> None:
         await self._out.close()
 

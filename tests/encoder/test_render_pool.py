@@ -14,6 +14,7 @@ from nats.aio.client import Client as NatsClient
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.encode import EncodeRequest
+from contracts.messages.generate import GenerateJob
 from contracts.messages.items import MessageItem
 from contracts.subjects import Subjects
 from services.common.bus import Bus
@@ -48,15 +49,19 @@ async def test_the_pool_reports_caller_mistakes_and_outlives_a_dead_process(monk
     unused = Bus(NatsClient(), Subjects("unit"))  # never connected: these renders publish nothing
     encoder = Encoder(Settings(render_processes=1, inline_render_chars=1000), bus=unused)
     encoder.start_pool()
+
+    async def render(j: GenerateJob) -> EncodedPrompt:
+        return await encoder._render(j, encoder._pooled(j))
+
     try:
         for _ in range(2):  # the pool still serves after a caller's mistake
             with pytest.raises(RenderError) as refused:
-                await encoder._render(job("g1", BIG))
+                await render(job("g1", BIG))
             assert refused.value.error.code == ErrorCode.CONTEXT_LENGTH_EXCEEDED
         monkeypatch.setattr(service, "_render", _die_on_request)
         with pytest.raises(concurrent.futures.BrokenExecutor):
-            await encoder._render(job("g2", "die" + BIG))
-        prompt = await encoder._render(job("g3", "y " * 1000))  # a new pool
+            await render(job("g2", "die" + BIG))
+        prompt = await render(job("g3", "y " * 1000))  # a new pool
         assert len(prompt.token_ids) > 1000
     finally:
         encoder.close()

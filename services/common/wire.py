@@ -1,0 +1,465 @@
+"""A lean NATS client for the hops on a request's path (its frames: ``nats_frames.py``).
+
+With nats-py each side of a hop runs through its own tasks (a flusher before the bytes leave,
+a reader and a task per subscription before a callback runs); in a process idle for a few
+milliseconds each is a cold step. ``Wire`` works from the socket's callbacks instead:
+
+- ``publish`` writes the frame at once (the transport sends it in the same call when its
+  buffer is empty; a full buffer makes ``publish`` wait: back-pressure, not memory);
+- ``MSG``/``HMSG`` frames are parsed in ``data_received`` and handed to the subscription's
+  callback in order, one task per burst of messages rather than one per message;
+- the connection is watched with PINGs and reconnects forever, resubscribing and sending
+  what was published meanwhile (up to ``buffer_limit`` bytes), with the same callbacks and
+  errors as nats-py (``nats.errors``), so ``Bus`` is written once for both.
+
+It covers what Chorus's services use on plain ``nats://`` servers: publish (with headers and
+reply subjects), queue subscriptions, request/reply (with the server's no-responders status),
+flush, drain and close, user/password auth. JetStream and TLS stay with nats-py (``connect``
+in ``bus.py`` picks it for ``tls://`` servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit
+
+import nats.errors
+
+from services.common import nats_frames as frames
+from services.common.nats_frames import CRLF, FrameReader
+from services.common.wire_subscription import Callback, Msg, Received, Subscription
+
+__all__ = ["Msg", "Received", "Subscription", "Wire"]
+
+log = logging.getLogger("chorus.wire")
+
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+Hook = Callable[[], Awaitable[None]]
+ErrorHook = Callable[[Exception], Awaitable[None]]
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, wire: Wire) -> None:
+        self.wire = wire
+        self.transport: asyncio.Transport | None = None
+        self.reader = FrameReader(wire._message, wire._control)
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.lost = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass, but one
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.reader.feed(data)
+        except Exception as exc:  # noqa: BLE001 - a broken stream (or a bug reading it): drop it, reconnect
+            log.warning("NATS stream unreadable (%s); reconnecting", exc)
+            assert self.transport is not None
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.writable.set()
+        if not self.lost.done():
+            self.lost.set_result(exc)
+        self.wire._connection_lost(self, exc)
+
+    def pause_writing(self) -> None:
+        self.writable.clear()
+
+    def resume_writing(self) -> None:
+        self.writable.set()
+
+
+class Wire:
+    """One service's connection to NATS (see the module's docstring)."""
+
+    def __init__(
+        self,
+        servers: list[str],
+        *,
+        name: str = "",
+        user: str | None = None,
+        password: str | None = None,
+        reconnect_time_wait: float = 0.25,
+        connect_timeout: float = 2.0,
+        ping_interval: float = 2.0,
+        max_outstanding_pings: int = 2,
+        buffer_limit: int = 2 * 1024 * 1024,
+        disconnected_cb: Hook | None = None,
+        reconnected_cb: Hook | None = None,
+        error_cb: ErrorHook | None = None,
+    ) -> None:
+        if not servers:
+            raise ValueError("no NATS server given")
+        self.servers = servers
+        self.name = name
+        self.user, self.password = user, password
+        self.reconnect_time_wait = reconnect_time_wait
+        self.connect_timeout = connect_timeout
+        self.ping_interval = ping_interval
+        self.max_outstanding_pings = max_outstanding_pings
+        self.buffer_limit = buffer_limit
+        self._disconnected_cb, self._reconnected_cb, self._error_cb = disconnected_cb, reconnected_cb, error_cb
+        self.max_payload = DEFAULT_MAX_PAYLOAD
+        self.server_info: dict[str, Any] = {}
+        self._proto: _Protocol | None = None
+        self._sids = itertools.count(1)
+        self._subs: dict[int, Subscription] = {}
+        self._pongs: deque[asyncio.Future[None]] = deque()
+        self._info: asyncio.Future[dict[str, Any]] | None = None
+        self._pending = bytearray()  # published while disconnected, sent after the reconnect
+        self._ready = False  # connected and past CONNECT: frames go to the socket
+        self._reconnecting = False
+        self._refusal: str | None = None  # the server's -ERR during the last attempt
+        self._closed = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server_index = 0
+        # request/reply: one wildcard inbox, a token per request
+        self._inbox_prefix = f"_INBOX.{uuid.uuid4().hex}"
+        self._requests: dict[str, asyncio.Future[Msg]] = {}
+        self._request_sub: Subscription | None = None
+        self._tokens = itertools.count(1)
+
+    # connecting -------------------------------------------------------------------------
+    @classmethod
+    async def connect(cls, url: str, **options: Any) -> Wire:
+        """Connected, or ``nats.errors.NoServersError`` (none of the servers in ``url``, a
+        comma-separated list, could be reached; a refused login says why)."""
+        wire = cls([u.strip() for u in url.split(",") if u.strip()], **options)
+        last: BaseException | None = None
+        for _ in wire.servers:
+            try:
+                await wire._open()
+                break
+            except (OSError, TimeoutError, nats.errors.Error) as exc:
+                last = exc
+                wire._server_index += 1
+        else:
+            raise nats.errors.NoServersError() from last
+        wire._spawn(wire._pinger())
+        return wire
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _open(self) -> None:
+        """One connection attempt to the current server: INFO, CONNECT, PING/PONG."""
+        url = urlsplit(self.servers[self._server_index % len(self.servers)])
+        if url.scheme not in ("nats", ""):
+            raise nats.errors.Error(f"the lean NATS client speaks nats:// only, not {url.scheme}://")
+        loop = asyncio.get_running_loop()
+        info_received: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._info, self._refusal, self._ready = info_received, None, False
+        async with asyncio.timeout(self.connect_timeout):
+            transport, proto = await loop.create_connection(
+                lambda: _Protocol(self), url.hostname or "127.0.0.1", url.port or 4222
+            )
+            self._proto = proto
+            pong: asyncio.Future[None] = loop.create_future()
+            try:
+                await asyncio.wait([info_received, proto.lost], return_when=asyncio.FIRST_COMPLETED)
+                if not info_received.done():
+                    raise nats.errors.Error("the server closed the connection before its INFO")
+                info = info_received.result()
+                if info.get("tls_required"):
+                    raise nats.errors.Error("the server requires TLS: use a tls:// URL")
+                user = unquote(url.username) if url.username else self.user
+                password = unquote(url.password) if url.password else self.password
+                connect: dict[str, Any] = {
+                    "verbose": False,
+                    "pedantic": False,
+                    "lang": "python-chorus",
+                    "version": "1",
+                    "protocol": 1,
+                    "headers": True,
+                    "no_responders": True,
+                    "name": self.name,
+                }
+                if user:
+                    connect.update(user=user, **{"pass": password or ""})
+                self._pongs.appendleft(pong)  # the first PING on this connection (queued ones follow)
+                transport.write(b"CONNECT " + json.dumps(connect).encode() + CRLF + b"PING" + CRLF)
+                await asyncio.wait([pong, proto.lost], return_when=asyncio.FIRST_COMPLETED)
+                if not pong.done() or proto.lost.done():
+                    raise nats.errors.Error(self._refusal or "the server closed the connection")
+            except BaseException:
+                transport.abort()
+                self._proto = None
+                with contextlib.suppress(ValueError):  # unanswered: later PONGs must not match it
+                    self._pongs.remove(pong)
+                raise
+        self.max_payload = int(info.get("max_payload", DEFAULT_MAX_PAYLOAD))
+        self.server_info = info
+        self._ready = True
+
+    # the protocol -------------------------------------------------------------------------
+    def _message(
+        self, subject: str, sid: int, reply: str, headers: dict[str, str] | None, status: int | None, data: bytes
+    ) -> None:
+        sub = self._subs.get(sid)
+        if sub is None:
+            return  # unsubscribed meanwhile
+        msg = Msg(subject, reply, data, headers, self)
+        if sub is self._request_sub:
+            self._answer(msg, status)
+        else:
+            sub._deliver(msg)
+
+    def _control(self, line: bytes) -> None:
+        if line == b"PING":
+            self._write(b"PONG" + CRLF)
+        elif line == b"PONG":  # answers the oldest PING, whether its waiter still waits or not
+            if self._pongs and not (pong := self._pongs.popleft()).done():
+                pong.set_result(None)
+        elif line.startswith(b"INFO "):
+            info = json.loads(line[5:])
+            if self._info is not None and not self._info.done():
+                self._info.set_result(info)
+            else:
+                self.max_payload = int(info.get("max_payload", self.max_payload))
+        elif line.startswith(b"-ERR"):
+            message = line[4:].strip().strip(b"'").decode(errors="replace")
+            self._refusal = message
+            log.warning("NATS server error: %s", message)
+            self._spawn(self._report(nats.errors.Error(message)))
+        # +OK (verbose is off) and anything unknown: nothing to do
+
+    # sending ----------------------------------------------------------------------------
+    def _write(self, data: bytes) -> None:
+        proto = self._proto
+        if self._ready and proto is not None and proto.transport is not None and not proto.transport.is_closing():
+            proto.transport.write(data)
+        elif len(self._pending) + len(data) <= self.buffer_limit:
+            self._pending += data  # sent after the reconnect
+        else:
+            raise nats.errors.OutboundBufferLimitError()
+
+    async def publish(
+        self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
+    ) -> None:
+        if self._closed:
+            raise nats.errors.ConnectionClosedError()
+        if not subject or " " in subject:
+            raise nats.errors.BadSubjectError()
+        if len(payload) > self.max_payload:
+            raise nats.errors.MaxPayloadError()
+        self._write(frames.pub(subject, payload, reply, headers))
+        proto = self._proto
+        if proto is not None and not proto.writable.is_set():
+            await proto.writable.wait()  # the socket's buffer is full: wait for it to drain
+
+    async def subscribe(self, subject: str, queue: str = "", cb: Callback | None = None, **_: Any) -> Subscription:
+        """``cb`` gets every message (nats-py's pending limits are accepted and ignored:
+        messages wait in the subscription's backlog, which a burst task empties)."""
+        if self._closed:
+            raise nats.errors.ConnectionClosedError()
+        sub = Subscription(self, next(self._sids), subject, queue, cb)
+        self._subs[sub.sid] = sub
+        self._write(frames.sub(subject, queue, sub.sid))
+        return sub
+
+    def _unsubscribe(self, sub: Subscription, *, forget: bool = True) -> None:
+        """UNSUB sent once; ``forget``: messages still arriving for it are dropped."""
+        if sub.sid in self._subs and not sub.unsubscribed and not self._closed:
+            sub.unsubscribed = True
+            with contextlib.suppress(nats.errors.Error):
+                self._write(b"UNSUB %d\r\n" % sub.sid)
+        if forget:
+            self._subs.pop(sub.sid, None)
+
+    def new_inbox(self) -> str:
+        return f"_INBOX.{uuid.uuid4().hex}"
+
+    async def request(
+        self, subject: str, payload: bytes = b"", timeout: float = 1.0, headers: dict[str, str] | None = None
+    ) -> Msg:
+        """The first reply; ``nats.errors.NoRespondersError`` when nobody listens on
+        ``subject``, ``nats.errors.TimeoutError`` when no reply came in ``timeout`` seconds."""
+        if self._request_sub is None:
+            self._request_sub = await self.subscribe(f"{self._inbox_prefix}.*")
+        token = str(next(self._tokens))
+        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._requests[token] = future
+        try:
+            await self.publish(subject, payload, reply=f"{self._inbox_prefix}.{token}", headers=headers)
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            raise nats.errors.TimeoutError() from None
+        finally:
+            self._requests.pop(token, None)
+
+    def _answer(self, msg: Msg, status: int | None) -> None:
+        future = self._requests.get(msg.subject.rsplit(".", 1)[-1])
+        if future is None or future.done():
+            return
+        if status == 503:
+            future.set_exception(nats.errors.NoRespondersError())
+        else:
+            future.set_result(msg)
+
+    async def flush(self, timeout: float = 2.0) -> None:
+        """Wait until the server has everything sent so far (a PING answered)."""
+        if self._closed:
+            raise nats.errors.ConnectionClosedError()
+        self._write(b"PING" + CRLF)
+        pong: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pongs.append(pong)
+        try:
+            async with asyncio.timeout(timeout):
+                await pong
+        except TimeoutError:
+            raise nats.errors.TimeoutError() from None
+
+    # state ------------------------------------------------------------------------------
+    @property
+    def is_connected(self) -> bool:
+        proto = self._proto
+        return not self._closed and self._ready and proto is not None and not proto.lost.done()
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    async def drain(self, timeout: float = 30.0) -> None:
+        """Stop receiving (UNSUB everywhere), let what the server had already sent arrive and
+        be handled (at most ``timeout`` seconds), then close."""
+        if self._closed:
+            return
+        await self._drain([sub for sub in self._subs.values() if sub is not self._request_sub], timeout)
+        await self.close()
+
+    async def caught_up(self) -> None:
+        """Until every message received so far has been handled, on every subscription but the
+        caller's own: what a peer sent before saying "I stop" is handled before that news is
+        acted on (each subscription hands its messages to its callback in its own task)."""
+        me = asyncio.current_task()
+        await asyncio.gather(
+            *(sub.handled_upto(sub.delivered) for sub in list(self._subs.values()) if sub.handling not in (None, me))
+        )
+
+    async def _drain(self, subs: list[Subscription], timeout: float) -> None:
+        """UNSUB each, one round trip (everything the server sent before has arrived), then
+        forget them and wait until their messages are handled (at most ``timeout`` seconds)."""
+        for sub in subs:
+            self._unsubscribe(sub, forget=False)
+        with contextlib.suppress(nats.errors.Error):
+            await self.flush(timeout=min(timeout, 5.0))
+        for sub in subs:
+            self._unsubscribe(sub)
+        handling = {sub.handling for sub in subs if sub.handling is not None}
+        if handling:
+            await asyncio.wait(handling, timeout=timeout)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for request in self._requests.values():
+            if not request.done():
+                request.set_exception(nats.errors.ConnectionClosedError())
+        self._fail_pongs(nats.errors.ConnectionClosedError())
+        self._subs.clear()
+        proto, self._proto = self._proto, None
+        if proto is not None and proto.transport is not None:
+            proto.writable.set()  # a publisher waiting for the buffer to drain goes on (and fails)
+            if proto.transport.get_write_buffer_size():
+                proto.transport.abort()  # a server that stopped reading would hold close() forever
+            else:
+                proto.transport.close()
+
+    # keeping the connection ---------------------------------------------------------------
+    async def _pinger(self) -> None:
+        """PING every ``ping_interval``; too many unanswered: the connection is stale."""
+        loop = asyncio.get_running_loop()
+        outstanding: list[asyncio.Future[None]] = []
+        while not self._closed:
+            await asyncio.sleep(self.ping_interval)
+            proto = self._proto
+            if proto is None or proto.lost.done():
+                outstanding.clear()
+                if proto is not None and not self._reconnecting:  # a loss nobody is handling
+                    self._lost()
+                continue
+            outstanding = [f for f in outstanding if not f.done()]
+            if len(outstanding) >= self.max_outstanding_pings:
+                log.warning("%s: NATS server stopped answering PINGs; reconnecting", self.name)
+                outstanding.clear()
+                if proto.transport is not None:
+                    proto.transport.abort()
+                continue
+            try:
+                self._write(b"PING" + CRLF)
+            except nats.errors.Error:
+                continue
+            pong: asyncio.Future[None] = loop.create_future()
+            self._pongs.append(pong)
+            outstanding.append(pong)
+
+    def _fail_pongs(self, error: Exception) -> None:
+        for pong in self._pongs:
+            if not pong.done():
+                pong.set_exception(error)
+                pong.exception()  # a flush awaiting it raises; the pinger's own are not awaited
+        self._pongs.clear()
+
+    def _connection_lost(self, proto: _Protocol, exc: Exception | None) -> None:
+        if proto is not self._proto or self._closed or not self._ready:
+            return  # an attempt that failed during its handshake says so itself
+        self._lost()
+
+    def _lost(self) -> None:
+        """The connection is gone: its PINGs with it, and a reconnect starts (unless one runs)."""
+        self._proto, self._ready = None, False
+        self._fail_pongs(nats.errors.UnexpectedEOF())
+        if not self._reconnecting:
+            self._spawn(self._reconnect())
+
+    async def _reconnect(self) -> None:
+        self._reconnecting = True
+        try:
+            await self._reconnect_loop()
+        finally:
+            self._reconnecting = False
+
+    async def _reconnect_loop(self) -> None:
+        if self._disconnected_cb is not None:
+            await self._call(self._disconnected_cb)
+        while not self._closed:
+            await asyncio.sleep(self.reconnect_time_wait)
+            self._server_index += 1
+            try:
+                await self._open()
+            except (OSError, TimeoutError, nats.errors.Error) as exc:
+                log.debug("%s: reconnecting to NATS failed: %s", self.name, exc)
+                continue
+            resubscribe = b"".join(frames.sub(sub.subject, sub.queue, sub.sid) for sub in self._subs.values())
+            pending, self._pending = bytes(self._pending), bytearray()
+            self._write(resubscribe + pending)
+            if self._reconnected_cb is not None:
+                await self._call(self._reconnected_cb)
+            return
+
+    async def _report(self, error: Exception) -> None:
+        if self._error_cb is not None:
+            with contextlib.suppress(Exception):
+                await self._error_cb(error)
+
+    async def _call(self, hook: Hook) -> None:
+        try:
+            await hook()
+        except Exception:  # a callback's failure never stops the connection
+            log.exception("%s: a NATS connection callback failed", self.name)

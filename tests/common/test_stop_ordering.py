@@ -1,0 +1,144 @@
+"""A peer that stops says so last: what it sent before its "stopping" heartbeat is handled
+before the news is acted on, although each subscription hands its messages to its callback in
+a task of its own (a busy subscription may still hold a frame when the heartbeat arrives)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from pydantic import BaseModel
+
+from contracts.messages.control import Heartbeat
+from contracts.subjects import Subjects
+from services.common.bus import Bus, Outboxes
+from services.common.heartbeat import Peers
+from services.common.wire import Msg, Wire
+
+
+@pytest.fixture
+async def wire(nats_url: str) -> AsyncIterator[Wire]:
+    w = await Wire.connect(nats_url, name="stop-ordering")
+    yield w
+    await w.close()
+
+
+class Frame(BaseModel):
+    items: list[str]
+
+
+class Order(list[str]):
+    """What happened, in order; ``until(n)`` waits for ``n`` entries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._changed = asyncio.Event()
+
+    def add(self, what: str) -> None:
+        self.append(what)
+        self._changed.set()
+
+    async def until(self, count: int, timeout: float = 5.0) -> list[str]:
+        async with asyncio.timeout(timeout):
+            while len(self) < count:
+                self._changed.clear()
+                await self._changed.wait()
+        return list(self)
+
+
+@pytest.fixture
+def subject() -> str:
+    return f"stoptest.{uuid.uuid4().hex}"
+
+
+async def test_caught_up_waits_for_the_other_subscriptions_backlog(wire: Wire, subject: str) -> None:
+    order = Order()
+
+    async def slow(msg: Msg) -> None:
+        await asyncio.sleep(0.2)  # a busy subscription: its message is still being handled
+        order.add(msg.data.decode())
+
+    async def news(msg: Msg) -> None:
+        await wire.caught_up()
+        order.add(msg.data.decode())
+
+    await wire.subscribe(f"{subject}.frames", cb=slow)
+    await wire.subscribe(f"{subject}.news", cb=news)
+    for name in ("frame1", "frame2"):
+        await wire.publish(f"{subject}.frames", name.encode())
+    await wire.publish(f"{subject}.news", b"stopped")
+    assert await order.until(3) == ["frame1", "frame2", "stopped"]
+
+
+async def test_caught_up_does_not_wait_for_its_own_subscription(wire: Wire, subject: str) -> None:
+    """Called from a handler whose own next messages wait behind it: no deadlock."""
+    order = Order()
+
+    async def news(msg: Msg) -> None:
+        await wire.caught_up()
+        order.add(msg.data.decode())
+
+    await wire.subscribe(subject, cb=news)
+    for name in ("one", "two"):
+        await wire.publish(subject, name.encode())
+    assert await order.until(2, timeout=2) == ["one", "two"]
+
+
+async def test_a_stopping_peers_earlier_frames_are_handled_before_its_death(nats_url: str, subject: str) -> None:
+    subjects = Subjects(subject.replace(".", "-"))
+    receiving = await Wire.connect(nats_url, name="receiver")
+    receiver = Bus(receiving, subjects)
+    sender = await Wire.connect(nats_url, name="sender")
+    order = Order()
+
+    async def on_frame(msg: Msg) -> None:
+        await asyncio.sleep(0.05)  # a gateway busy with many generations' frames
+        order.add(msg.data.decode())
+
+    async def on_death(service: str, instance: str) -> None:
+        order.add(f"{service} {instance} stopped")
+
+    try:
+        peers = Peers()
+        peers.on_death(on_death)
+        await peers.listen(receiver, ["parser"])
+        await receiving.subscribe(f"{subject}.events", cb=on_frame)
+        beat = Heartbeat(service="parser", instance="p1", interval_s=0.25)
+        await sender.publish(subjects.heartbeat("parser"), beat.model_dump_json().encode())
+        await peers.wait_for(("parser",), timeout=5)
+        assert peers.alive("parser")
+        for n in range(3):  # its last frames, then its last beat
+            await sender.publish(f"{subject}.events", f"frame{n}".encode())
+        stopping = beat.model_copy(update={"stopping": True})
+        await sender.publish(subjects.heartbeat("parser"), stopping.model_dump_json().encode())
+        assert await order.until(4) == ["frame0", "frame1", "frame2", "parser p1 stopped"]
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+async def test_outboxes_flush_sends_what_waits_and_stays_open(wire: Wire, subject: str) -> None:
+    got: list[list[str]] = []
+
+    async def record(msg: Msg) -> None:
+        got.append(Frame.model_validate_json(msg.data).items)
+
+    await wire.subscribe(subject, cb=record)
+    bus = Bus(wire, Subjects("x"))
+    boxes: Outboxes[str, Frame] = Outboxes(bus, lambda items: Frame(items=items), window=60.0)
+    boxes.put(subject, "a", urgent=True)
+    await asyncio.sleep(0.05)  # the urgent item went out; the window (60 s) now holds the rest
+    boxes.put(subject, "b")
+    boxes.put(subject, "c")
+    await boxes.flush()
+    await wire.flush()
+    await asyncio.sleep(0.05)
+    assert got == [["a"], ["b", "c"]]
+    boxes.put(subject, "d", urgent=True)  # still open
+    await asyncio.sleep(0.05)
+    await wire.flush()
+    await asyncio.sleep(0.05)
+    assert got == [["a"], ["b", "c"], ["d"]]
+    await boxes.close()
