@@ -38,7 +38,10 @@ async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: a
 
         expiring = asyncio.get_running_loop().create_task(expire_forever())
         try:
-            await rt.serve(ready=ready, drain=sessions.drain)
+            await rt.serve(
+                ready=ready,
+                drain=lambda: sessions.drain(settings.drain_quiet_s, senders=lambda: bool(rt.peers.alive("gateway"))),
+            )
         finally:
             expiring.cancel()
             await sessions.close()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from opentelemetry.trace import Span, SpanKind
@@ -48,6 +49,7 @@ class Sessions:
         self._open: dict[str, _Open] = {}
         self.idle = asyncio.Event()  # no session open (draining waits for it)
         self.idle.set()
+        self._opened = 0.0  # monotonic time the last session opened
         self._out: Outboxes[GatewayEvent, EventFrame] = Outboxes(
             bus, lambda items: EventFrame(events=merge(items)), window=window
         )
@@ -77,10 +79,19 @@ class Sessions:
         if not self._open:
             self.idle.set()
 
-    async def drain(self) -> None:
-        """Until no session is open and their last events are sent (before the "stopping"
-        heartbeat, which the gateways would take for the death of the sessions not yet ended)."""
-        await self.idle.wait()
+    async def drain(self, quiet: float = 0.0, senders: Callable[[], bool] = lambda: True) -> None:
+        """Until no session is open, none opened for ``quiet`` seconds (counted from now too: a
+        gateway that chose this worker before hearing it drain still sends its generation here;
+        not waited for once ``senders()`` says no gateway is left) and their last events are
+        sent (before the "stopping" heartbeat, which the gateways would take for the death of
+        the sessions not yet ended)."""
+        self._opened = max(self._opened, time.monotonic())
+        while True:
+            await self.idle.wait()
+            left = self._opened + quiet - time.monotonic()
+            if self.idle.is_set() and (left <= 0 or not senders()):
+                break
+            await asyncio.sleep(min(max(left, 0.0), 0.05))
         await self._out.flush()
 
     async def close(self) -> None:
@@ -103,6 +114,7 @@ class Sessions:
             )
             entry = self._open[gid] = _Open(session, batch.gateway, span)
             self.idle.clear()
+            self._opened = time.monotonic()
         entry.touched = time.monotonic()
         ids = batch.token_ids
         if batch.offset < entry.offset:  # already parsed (a repeated batch)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
+from pydantic import BaseModel
+
 from contracts.messages.generate import ParseSpec, TokenBatch, TokenFrame
+from contracts.subjects import Subjects
 from services.common.bus import Bus
 from services.parser.handlers import Sessions
 
@@ -27,3 +30,45 @@ async def test_idle_sessions_expire_and_the_worker_becomes_idle() -> None:
     # tokens for the expired generation are dropped, not a new session
     await sessions.on_tokens(TokenFrame(batches=[TokenBatch(generation_id="g1", offset=0, token_ids=[1, 2])]))
     assert len(sessions) == 0
+
+
+class SentBus:
+    """Records what the worker sends."""
+
+    def __init__(self) -> None:
+        self.subjects = Subjects("t")
+        self.sent: list[tuple[str, BaseModel | bytes]] = []
+
+    async def publish(self, subject: str, msg: BaseModel | bytes, headers: dict[str, str] | None = None) -> None:
+        self.sent.append((subject, msg))
+
+
+async def test_draining_waits_for_a_quiet_moment_and_finishes_late_generations() -> None:
+    """Idle is not enough: a gateway that chose this worker before hearing it drain still sends
+    its generation here, and that generation is finished and sent before the drain ends."""
+    bus = SentBus()
+    sessions = Sessions(cast(Bus, bus), "w1")
+    draining = asyncio.create_task(sessions.drain(quiet=0.3))
+    await asyncio.sleep(0.1)
+    assert not draining.done()  # idle from the start, but not quiet for long enough yet
+    late = TokenBatch(generation_id="g2", offset=0, token_ids=[], open=ParseSpec(request_id="r2"), gateway="gw")
+    await sessions.on_tokens(TokenFrame(batches=[late]))
+    await asyncio.sleep(0.4)
+    assert not draining.done()  # quiet long since, but the late generation is still open
+    done = TokenBatch(generation_id="g2", offset=0, done=True, finish_reason="stop")
+    await sessions.on_tokens(TokenFrame(batches=[done]))
+    await asyncio.wait_for(draining, 2)
+    assert [subject for subject, _ in bus.sent] == ["t.events.gw"]  # its end went out first
+
+
+async def test_draining_an_idle_worker_takes_the_quiet_period() -> None:
+    sessions = Sessions(cast(Bus, NoBus()), "w1")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await asyncio.wait_for(sessions.drain(quiet=0.2), 2)
+    assert loop.time() - started >= 0.19
+
+
+async def test_draining_does_not_wait_for_quiet_when_no_gateway_is_left() -> None:
+    sessions = Sessions(cast(Bus, NoBus()), "w1")
+    await asyncio.wait_for(sessions.drain(quiet=30.0, senders=lambda: False), 1)
