@@ -57,6 +57,7 @@ class Peers:
         self._on_death: list[DeathCallback] = []
         self._paused = False
         self._bus: Bus | None = None  # the bus the beats come in on
+        self._stopping: set[asyncio.Task[None]] = set()  # peers that said they stop, being handled
         self._heard = asyncio.Event()  # set on every beat (for ``wait_for``)
 
     def on_death(self, callback: DeathCallback) -> None:
@@ -68,9 +69,10 @@ class Peers:
         if beat.stopping:
             if peers.pop(beat.instance, None) is not None:
                 log.info("%s %s stopped", beat.service, beat.instance)
-                if self._bus is not None:  # what it sent before saying so is handled first
-                    await self._bus.caught_up()
-                await self._died(beat.service, beat.instance)
+                # in a task of its own: the other beats keep coming in meanwhile
+                task = asyncio.get_running_loop().create_task(self._stopped(beat.service, beat.instance))
+                self._stopping.add(task)
+                task.add_done_callback(self._stopping.discard)
             return
         peer = peers.get(beat.instance)
         if peer is None:
@@ -78,6 +80,13 @@ class Peers:
             peers[beat.instance] = Peer(beat, time.monotonic(), beat.load)
         else:
             peer.beat, peer.seen, peer.load, peer.confirmed = beat, time.monotonic(), beat.load, True
+
+    async def _stopped(self, service: str, instance: str) -> None:
+        """A peer's last beat: what it sent before that is handled first (a busy subscription
+        may still hold its last frames), then its work is given up as after a death."""
+        if self._bus is not None:
+            await self._bus.caught_up()
+        await self._died(service, instance)
 
     async def wait_for(self, services: tuple[str, ...], timeout: float) -> None:
         """Until every one of ``services`` has been heard from (at most ``timeout`` seconds):

@@ -142,3 +142,42 @@ async def test_outboxes_flush_sends_what_waits_and_stays_open(wire: Wire, subjec
     await asyncio.sleep(0.05)
     assert got == [["a"], ["b", "c"], ["d"]]
     await boxes.close()
+
+
+async def test_other_beats_are_heard_while_a_stopping_peer_waits(nats_url: str, subject: str) -> None:
+    """Waiting for a busy subscription never holds up the heartbeats (peers would look dead)."""
+    subjects = Subjects(subject.replace(".", "-"))
+    receiving = await Wire.connect(nats_url, name="receiver")
+    receiver = Bus(receiving, subjects)
+    sender = await Wire.connect(nats_url, name="sender")
+    gate = asyncio.Event()
+    died = Order()
+
+    async def stuck(msg: Msg) -> None:
+        await gate.wait()
+
+    async def on_death(service: str, instance: str) -> None:
+        died.add(instance)
+
+    try:
+        peers = Peers()
+        peers.on_death(on_death)
+        await peers.listen(receiver, ["parser"])
+        await receiving.subscribe(f"{subject}.events", cb=stuck)
+        p1 = Heartbeat(service="parser", instance="p1", interval_s=0.25)
+        await sender.publish(subjects.heartbeat("parser"), p1.model_dump_json().encode())
+        await peers.wait_for(("parser",), timeout=5)
+        await sender.publish(f"{subject}.events", b"held")
+        stopping = p1.model_copy(update={"stopping": True})
+        await sender.publish(subjects.heartbeat("parser"), stopping.model_dump_json().encode())
+        p2 = Heartbeat(service="parser", instance="p2", interval_s=0.25)
+        await sender.publish(subjects.heartbeat("parser"), p2.model_dump_json().encode())
+        await asyncio.sleep(0.3)  # well before the 2 s bound on waiting for the held frame
+        assert [p.beat.instance for p in peers.alive("parser")] == ["p2"]
+        assert list(died) == []  # p1's held frame is not handled yet
+        gate.set()
+        assert await died.until(1) == ["p1"]
+    finally:
+        gate.set()
+        await sender.close()
+        await receiver.close()
