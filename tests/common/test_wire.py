@@ -328,6 +328,7 @@ async def test_a_slow_callback_delays_only_its_own_subscription(wire: Wire, subj
 async def test_unsubscribe_stops_delivery(wire: Wire, nc: NATS, subject: str) -> None:
     col = Collector()
     sub = await wire.subscribe(subject, cb=col.record)
+    await wire.flush()  # the server has the SUB before another connection publishes
     await nc.publish(subject, b"before")
     await col.wait(1)
     await sub.unsubscribe()
