@@ -105,6 +105,7 @@ async def test_a_stopping_peers_earlier_frames_are_handled_before_its_death(nats
         peers.on_death(on_death)
         await peers.listen(receiver, ["parser"])
         await receiving.subscribe(f"{subject}.events", cb=on_frame)
+        await receiving.flush()  # the server has both SUBs before the sender publishes
         beat = Heartbeat(service="parser", instance="p1", interval_s=0.25)
         await sender.publish(subjects.heartbeat("parser"), beat.model_dump_json().encode())
         await peers.wait_for(("parser",), timeout=5)
@@ -164,6 +165,7 @@ async def test_other_beats_are_heard_while_a_stopping_peer_waits(nats_url: str, 
         peers.on_death(on_death)
         await peers.listen(receiver, ["parser"])
         await receiving.subscribe(f"{subject}.events", cb=stuck)
+        await receiving.flush()  # the server has both SUBs before the sender publishes
         p1 = Heartbeat(service="parser", instance="p1", interval_s=0.25)
         await sender.publish(subjects.heartbeat("parser"), p1.model_dump_json().encode())
         await peers.wait_for(("parser",), timeout=5)
