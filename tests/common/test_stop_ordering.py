@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import pytest
 from pydantic import BaseModel
@@ -86,11 +87,42 @@ async def test_caught_up_does_not_wait_for_its_own_subscription(wire: Wire, subj
     assert await order.until(2, timeout=2) == ["one", "two"]
 
 
-async def test_a_stopping_peers_earlier_frames_are_handled_before_its_death(nats_url: str, subject: str) -> None:
+@dataclass
+class Line:
+    """A receiver whose ``Peers`` listen for parsers, and a sender on a connection of its own."""
+
+    subjects: Subjects
+    receiving: Wire
+    sender: Wire
+    peers: Peers
+
+    async def beat(self, instance: str, *, stopping: bool = False) -> None:
+        beat = Heartbeat(service="parser", instance=instance, interval_s=0.25, stopping=stopping)
+        await self.sender.publish(self.subjects.heartbeat("parser"), beat.model_dump_json().encode())
+
+    async def frames_to(self, cb: Callable[[Msg], Awaitable[None]]) -> str:
+        """Frames on a subject of the receiver's handled by ``cb``; the subject."""
+        subject = f"{self.subjects.namespace}.events"
+        await self.receiving.subscribe(subject, cb=cb)
+        await self.receiving.flush()  # the server has every SUB before the sender publishes
+        return subject
+
+
+@pytest.fixture
+async def line(nats_url: str, subject: str) -> AsyncIterator[Line]:
     subjects = Subjects(subject.replace(".", "-"))
     receiving = await Wire.connect(nats_url, name="receiver")
-    receiver = Bus(receiving, subjects)
     sender = await Wire.connect(nats_url, name="sender")
+    peers = Peers()
+    try:
+        await peers.listen(Bus(receiving, subjects), ["parser"])
+        yield Line(subjects, receiving, sender, peers)
+    finally:
+        await sender.close()
+        await receiving.close()
+
+
+async def test_a_stopping_peers_earlier_frames_are_handled_before_its_death(line: Line) -> None:
     order = Order()
 
     async def on_frame(msg: Msg) -> None:
@@ -100,24 +132,15 @@ async def test_a_stopping_peers_earlier_frames_are_handled_before_its_death(nats
     async def on_death(service: str, instance: str) -> None:
         order.add(f"{service} {instance} stopped")
 
-    try:
-        peers = Peers()
-        peers.on_death(on_death)
-        await peers.listen(receiver, ["parser"])
-        await receiving.subscribe(f"{subject}.events", cb=on_frame)
-        await receiving.flush()  # the server has both SUBs before the sender publishes
-        beat = Heartbeat(service="parser", instance="p1", interval_s=0.25)
-        await sender.publish(subjects.heartbeat("parser"), beat.model_dump_json().encode())
-        await peers.wait_for(("parser",), timeout=5)
-        assert peers.alive("parser")
-        for n in range(3):  # its last frames, then its last beat
-            await sender.publish(f"{subject}.events", f"frame{n}".encode())
-        stopping = beat.model_copy(update={"stopping": True})
-        await sender.publish(subjects.heartbeat("parser"), stopping.model_dump_json().encode())
-        assert await order.until(4) == ["frame0", "frame1", "frame2", "parser p1 stopped"]
-    finally:
-        await sender.close()
-        await receiver.close()
+    line.peers.on_death(on_death)
+    frames = await line.frames_to(on_frame)
+    await line.beat("p1")
+    await line.peers.wait_for(("parser",), timeout=5)
+    assert line.peers.alive("parser")
+    for n in range(3):  # its last frames, then its last beat
+        await line.sender.publish(frames, f"frame{n}".encode())
+    await line.beat("p1", stopping=True)
+    assert await order.until(4) == ["frame0", "frame1", "frame2", "parser p1 stopped"]
 
 
 async def test_outboxes_flush_sends_what_waits_and_stays_open(wire: Wire, subject: str) -> None:
@@ -145,12 +168,8 @@ async def test_outboxes_flush_sends_what_waits_and_stays_open(wire: Wire, subjec
     await boxes.close()
 
 
-async def test_other_beats_are_heard_while_a_stopping_peer_waits(nats_url: str, subject: str) -> None:
+async def test_other_beats_are_heard_while_a_stopping_peer_waits(line: Line) -> None:
     """Waiting for a busy subscription never holds up the heartbeats (peers would look dead)."""
-    subjects = Subjects(subject.replace(".", "-"))
-    receiving = await Wire.connect(nats_url, name="receiver")
-    receiver = Bus(receiving, subjects)
-    sender = await Wire.connect(nats_url, name="sender")
     gate = asyncio.Event()
     died = Order()
 
@@ -160,26 +179,18 @@ async def test_other_beats_are_heard_while_a_stopping_peer_waits(nats_url: str, 
     async def on_death(service: str, instance: str) -> None:
         died.add(instance)
 
+    line.peers.on_death(on_death)
     try:
-        peers = Peers()
-        peers.on_death(on_death)
-        await peers.listen(receiver, ["parser"])
-        await receiving.subscribe(f"{subject}.events", cb=stuck)
-        await receiving.flush()  # the server has both SUBs before the sender publishes
-        p1 = Heartbeat(service="parser", instance="p1", interval_s=0.25)
-        await sender.publish(subjects.heartbeat("parser"), p1.model_dump_json().encode())
-        await peers.wait_for(("parser",), timeout=5)
-        await sender.publish(f"{subject}.events", b"held")
-        stopping = p1.model_copy(update={"stopping": True})
-        await sender.publish(subjects.heartbeat("parser"), stopping.model_dump_json().encode())
-        p2 = Heartbeat(service="parser", instance="p2", interval_s=0.25)
-        await sender.publish(subjects.heartbeat("parser"), p2.model_dump_json().encode())
+        frames = await line.frames_to(stuck)
+        await line.beat("p1")
+        await line.peers.wait_for(("parser",), timeout=5)
+        await line.sender.publish(frames, b"held")
+        await line.beat("p1", stopping=True)
+        await line.beat("p2")
         await asyncio.sleep(0.3)  # well before the 2 s bound on waiting for the held frame
-        assert [p.beat.instance for p in peers.alive("parser")] == ["p2"]
+        assert [p.beat.instance for p in line.peers.alive("parser")] == ["p2"]
         assert list(died) == []  # p1's held frame is not handled yet
         gate.set()
         assert await died.until(1) == ["p1"]
     finally:
         gate.set()
-        await sender.close()
-        await receiver.close()
