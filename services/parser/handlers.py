@@ -85,7 +85,7 @@ class Sessions:
         not waited for once ``senders()`` says no gateway is left) and their last events are
         sent (before the "stopping" heartbeat, which the gateways would take for the death of
         the sessions not yet ended)."""
-        self._opened = max(self._opened, time.monotonic())
+        self._opened = time.monotonic()  # the quiet period counts from now
         while True:
             await self.idle.wait()
             left = self._opened + quiet - time.monotonic()
