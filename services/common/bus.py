@@ -135,6 +135,17 @@ class Bus:
         return cls(nc, subjects)
 
     # sending ----------------------------------------------------------------------------
+    def publish_nowait(self, subject: str, msg: BaseModel) -> bool:
+        """Send ``msg`` in this step, if it can be (a ``Wire`` connection, a payload under the
+        limit): True when it was written, False when ``publish`` has to take it."""
+        if not isinstance(self.nc, Wire):
+            return False
+        data = dump(msg)
+        if len(data) > self.nc.max_payload - CLAIM_MARGIN:
+            return False
+        self.nc.publish_nowait(subject, data)
+        return True
+
     async def publish(self, subject: str, msg: BaseModel | bytes, headers: dict[str, str] | None = None) -> None:
         data = msg if isinstance(msg, bytes) else dump(msg)
         if len(data) > self.nc.max_payload - CLAIM_MARGIN:
@@ -204,10 +215,14 @@ class Bus:
         *,
         queue: str = "",
         takes_work: bool = False,
+        inline: bool = False,
     ) -> AnySubscription:
         """Call ``handler`` with each message, decoded. Messages are handled one at a time, in
         order (a handler that must not block the next message starts a task). ``takes_work``:
-        a queue subscription that is dropped first when the service drains."""
+        a queue subscription that is dropped first when the service drains. ``inline``: the
+        handler of a message arriving at an idle subscription starts in the socket's callback
+        (on a ``Wire``; see ``Wire.subscribe``): for the hops on a request's path, whose
+        handlers do not need to be a task in their first step."""
 
         async def on_msg(msg: Received) -> None:
             try:
@@ -223,7 +238,12 @@ class Bus:
             except Exception:  # one bad message never stops the subscription
                 log.exception("handling a message on %s failed", msg.subject)
 
-        sub = await self.nc.subscribe(subject, queue=queue, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1)
+        if isinstance(self.nc, Wire):
+            sub: AnySubscription = await self.nc.subscribe(subject, queue=queue, cb=on_msg, inline=inline)
+        else:
+            sub = await self.nc.subscribe(
+                subject, queue=queue, cb=on_msg, pending_msgs_limit=-1, pending_bytes_limit=-1
+            )
         self._subs.append((sub, takes_work))
         return sub
 
@@ -307,7 +327,7 @@ class Outbox(Generic[T, F]):
     """Items for one subject, sent together as one frame.
 
     ``put`` never waits. An urgent item (the first tokens of a generation: what its time to
-    first token depends on) goes out on the next loop iteration, with whatever else waits.
+    first token depends on) goes out at once, in the caller's step, with whatever else waits.
     Other items go out at once too when the last frame left more than ``window`` seconds ago
     (an engine producing a token every few milliseconds is never delayed); when they come
     faster, at most one frame per ``window`` carries everything put in the meantime, from
@@ -332,6 +352,8 @@ class Outbox(Generic[T, F]):
 
     def put(self, item: T, *, urgent: bool = False) -> None:
         self._items.append(item)
+        if urgent and self._send_now():
+            return
         if self._scheduled and not (urgent and self._timer is not None):
             return
         self._scheduled = True
@@ -346,6 +368,19 @@ class Outbox(Generic[T, F]):
             self._timer.cancel()
             self._timer = None
         self._ready.set()
+
+    def _send_now(self) -> bool:
+        """Everything waiting, sent in this step if the bus can (else the task sends it)."""
+        items = self._items
+        try:
+            if not self.bus.publish_nowait(self.subject, self._frame(items)):
+                return False
+        except Exception:  # the bus is down: the receiver's recovery takes over
+            log.warning("sending %d item(s) to %s failed", len(items), self.subject, exc_info=True)
+        self._items = []
+        self.frames += 1
+        self._last = asyncio.get_running_loop().time()
+        return True
 
     @property
     def pending(self) -> int:

@@ -248,6 +248,16 @@ class Wire:
     async def publish(
         self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
     ) -> None:
+        self.publish_nowait(subject, payload, reply, headers)
+        proto = self._proto
+        if proto is not None and not proto.writable.is_set():
+            await proto.writable.wait()  # the socket's buffer is full: wait for it to drain
+
+    def publish_nowait(
+        self, subject: str, payload: bytes = b"", reply: str = "", headers: dict[str, str] | None = None
+    ) -> None:
+        """``publish`` without waiting for a full socket buffer to drain (for the few messages
+        that must leave in the caller's step: a generation's first tokens)."""
         if self._closed:
             raise nats.errors.ConnectionClosedError()
         if not subject or " " in subject:
@@ -255,16 +265,18 @@ class Wire:
         if len(payload) > self.max_payload:
             raise nats.errors.MaxPayloadError()
         self._write(frames.pub(subject, payload, reply, headers))
-        proto = self._proto
-        if proto is not None and not proto.writable.is_set():
-            await proto.writable.wait()  # the socket's buffer is full: wait for it to drain
 
-    async def subscribe(self, subject: str, queue: str = "", cb: Callback | None = None, **_: Any) -> Subscription:
+    async def subscribe(
+        self, subject: str, queue: str = "", cb: Callback | None = None, *, inline: bool = False, **_: Any
+    ) -> Subscription:
         """``cb`` gets every message (nats-py's pending limits are accepted and ignored:
-        messages wait in the subscription's backlog, which a burst task empties)."""
+        messages wait in the subscription's backlog, which a burst task empties). ``inline``:
+        a message arriving while none is being handled starts ``cb`` in the socket's callback
+        (for callbacks on a request's path; such a callback does not see itself as a task,
+        so ``asyncio.timeout`` and ``current_task`` are not for its first step)."""
         if self._closed:
             raise nats.errors.ConnectionClosedError()
-        sub = Subscription(self, next(self._sids), subject, queue, cb)
+        sub = Subscription(self, next(self._sids), subject, queue, cb, inline=inline)
         self._subs[sub.sid] = sub
         self._write(frames.sub(subject, queue, sub.sid))
         return sub
@@ -277,6 +289,10 @@ class Wire:
                 self._write(b"UNSUB %d\r\n" % sub.sid)
         if forget:
             self._subs.pop(sub.sid, None)
+
+    def _idle(self) -> bool:
+        """No message received on this connection is waiting to be handled."""
+        return all(sub.handling is None for sub in self._subs.values())
 
     def new_inbox(self) -> str:
         return f"_INBOX.{uuid.uuid4().hex}"

@@ -4,17 +4,18 @@ hands them to its callback in order (``Subscription``)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import nats.errors
 
 log = logging.getLogger("chorus.wire")
 
-Callback = Callable[["Msg"], Awaitable[None]]
+Callback = Callable[["Msg"], Coroutine[Any, Any, None]]
 
 
 class Owner(Protocol):
@@ -25,6 +26,7 @@ class Owner(Protocol):
     ) -> None: ...
     def _unsubscribe(self, sub: Subscription, *, forget: bool = True) -> None: ...
     async def _drain(self, subs: list[Subscription], timeout: float) -> None: ...
+    def _idle(self) -> bool: ...
 
 
 class Received(Protocol):
@@ -57,12 +59,15 @@ class Msg:
 class Subscription:
     """One subscription; its callback sees its messages one at a time, in order."""
 
-    def __init__(self, wire: Owner, sid: int, subject: str, queue: str, cb: Callback | None) -> None:
+    def __init__(
+        self, wire: Owner, sid: int, subject: str, queue: str, cb: Callback | None, *, inline: bool = False
+    ) -> None:
         self.wire = wire
         self.sid = sid
         self.subject = subject
         self.queue = queue
         self._cb = cb
+        self._inline = inline
         self._backlog: deque[Msg] = deque()
         self.handling: asyncio.Task[None] | None = None  # the task handling a burst, if any
         self.delivered = 0
@@ -74,23 +79,53 @@ class Subscription:
         self.delivered += 1
         if self._cb is None:
             return
+        if self._inline and self.handling is None and not self._backlog and self.wire._idle():
+            self._begin(msg)  # nothing that arrived before it waits (on any subscription): order holds
+            return
         self._backlog.append(msg)
         if self.handling is None:  # one task drains a burst; a handler's await delays only its successors
             self.handling = asyncio.get_running_loop().create_task(self._run())
 
-    async def _run(self) -> None:
+    def _begin(self, msg: Msg) -> None:
+        """An inline subscription's callback runs its first step here, in the socket's callback
+        (no task is scheduled: on an idle process that step is a cold loop iteration saved on
+        every hop). A callback that has to wait goes on in a task, and the messages arriving
+        meanwhile queue behind it as usual."""
+        assert self._cb is not None
+        context = contextvars.copy_context()  # what the callback sets stays its own, as in a task
+        coro = self._cb(msg)
+        try:
+            waiting = context.run(coro.send, None)
+        except StopIteration:
+            self._handled_one()
+            return
+        except Exception:  # one message's failure never stops the subscription
+            log.exception("the callback for a message on %s failed", msg.subject)
+            self._handled_one()
+            return
+        self.handling = asyncio.get_running_loop().create_task(
+            self._run(_resumed(coro, waiting, msg.subject)), context=context
+        )
+
+    def _handled_one(self) -> None:
+        self.handled += 1
+        if self._waiters:
+            self._wake()
+
+    async def _run(self, first: Awaitable[None] | None = None) -> None:
         cb = self._cb
         assert cb is not None
         try:
+            if first is not None:
+                await first
+                self._handled_one()
             while self._backlog:
                 msg = self._backlog.popleft()
                 try:
                     await cb(msg)
                 except Exception:  # one message's failure never stops the subscription
                     log.exception("the callback for a message on %s failed", msg.subject)
-                self.handled += 1
-                if self._waiters:
-                    self._wake()
+                self._handled_one()
                 if self._backlog:  # other subscriptions' messages that came in between go first
                     await asyncio.sleep(0)
         finally:
@@ -121,3 +156,26 @@ class Subscription:
     async def drain(self, timeout: float = 30.0) -> None:
         """Stop receiving without losing what the server had already sent (see ``Wire.drain``)."""
         await self.wire._drain([self], timeout)
+
+
+async def _resumed(coro: Coroutine[Any, Any, None], waiting: Any, subject: str) -> None:
+    """Drive ``coro`` on from where its first step, run outside any task, stopped (waiting for
+    the future ``waiting``, or ``None`` for a bare yield): what a task does with a coroutine."""
+    try:
+        while True:
+            try:
+                if waiting is None:
+                    await asyncio.sleep(0)
+                else:
+                    waiting._asyncio_future_blocking = False
+                    await asyncio.wait((waiting,))
+            except asyncio.CancelledError as exc:  # cancelled: so is what it waits for, as in a task
+                if waiting is not None:
+                    waiting.cancel()
+                waiting = coro.throw(exc)
+                continue
+            waiting = coro.send(None)
+    except StopIteration:
+        pass
+    except Exception:  # one message's failure never stops the subscription
+        log.exception("the callback for a message on %s failed", subject)

@@ -40,7 +40,7 @@ async def run(
         subjects = settings.subjects
         await rt.bus.subscribe(subjects.cancel, CANCEL, dispatcher.on_cancel)
         await rt.bus.subscribe(
-            subjects.generate, GENERATE, dispatcher.on_generate, queue=DISPATCHER_QUEUE, takes_work=True
+            subjects.generate, GENERATE, dispatcher.on_generate, queue=DISPATCHER_QUEUE, takes_work=True, inline=True
         )
         rt.load = lambda: dispatcher.load
         rt.ready = dispatcher.readiness

@@ -209,8 +209,10 @@ class Dispatcher:
             self._idle.set()
 
     def _tell(self, req: GenerateRequest, event: GatewayEvent) -> None:
+        """An answer the gateway waits for before its first byte (accepted, or failed): never
+        held back by a coalescing window, nor by the engine's first burst read after it."""
         assert self._events is not None and self.bus is not None
-        self._events.put(self.bus.subjects.gateway_events(req.route.gateway), event)
+        self._events.put(self.bus.subjects.gateway_events(req.route.gateway), event, urgent=True)
 
     def _writer(self, req: GenerateRequest, span: EngineSpan) -> BatchWriter:
         assert self._tokens is not None and self.bus is not None

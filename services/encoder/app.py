@@ -27,7 +27,9 @@ async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: a
         try:
             subjects = settings.subjects
             await rt.bus.subscribe(subjects.cancel, CANCEL, encoder.on_cancel)
-            await rt.bus.subscribe(subjects.jobs, JOB, encoder.on_job, queue=ENCODER_QUEUE, takes_work=True)
+            await rt.bus.subscribe(
+                subjects.jobs, JOB, encoder.on_job, queue=ENCODER_QUEUE, takes_work=True, inline=True
+            )
             rt.load = lambda: encoder.in_flight
             await rt.serve(ready=ready, drain=encoder.drain)
         finally:

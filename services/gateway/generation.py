@@ -352,7 +352,7 @@ class Generations:
         peers.on_death(self.on_death)
 
     async def start(self) -> None:
-        await self.bus.subscribe(self.subject, EVENTS, self.on_frame)
+        await self.bus.subscribe(self.subject, EVENTS, self.on_frame, inline=True)
         self._watchdog = asyncio.get_running_loop().create_task(self.watch())
 
     async def stop(self) -> None:

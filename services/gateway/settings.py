@@ -25,7 +25,7 @@ class Settings(BusSettings):
     )
     bus_timeout_s: float = Field(
         default=10.0,
-        description="Bus steps before a generation starts: encode, parser open, generate accepted (seconds).",
+        description="How long a new generation may take to start: from sending its job until an engine has taken it (seconds).",
     )
     first_token_timeout_s: float = Field(
         default=120.0, description="From the engine accepting a generation to its first parsed event (seconds)."

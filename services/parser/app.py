@@ -28,7 +28,7 @@ async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: a
         rt.peers.on_death(sessions.on_death)
         subjects = settings.subjects
         await rt.bus.subscribe(subjects.cancel, CANCEL, sessions.on_cancel)
-        await rt.bus.subscribe(subjects.parser_tokens(settings.instance_id), TOKENS, sessions.on_tokens)
+        await rt.bus.subscribe(subjects.parser_tokens(settings.instance_id), TOKENS, sessions.on_tokens, inline=True)
         rt.load = lambda: len(sessions)
 
         async def expire_forever() -> None:

@@ -16,14 +16,22 @@ class Frame(BaseModel):
 
 
 class FakeBus:
-    """What an outbox needs of a bus: ``publish``; frames are recorded with their loop time."""
+    """What an outbox needs of a bus: ``publish`` and ``publish_nowait`` (which says whether it
+    could send in the caller's step: ``sends_now``); frames are recorded with their loop time."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, sends_now: bool = True) -> None:
         self.sent: list[tuple[float, list[int]]] = []
+        self.sends_now = sends_now
 
     async def publish(self, subject: str, msg: BaseModel | bytes, headers: dict[str, str] | None = None) -> None:
         assert isinstance(msg, Frame)
         self.sent.append((asyncio.get_running_loop().time(), msg.items))
+
+    def publish_nowait(self, subject: str, msg: BaseModel) -> bool:
+        assert isinstance(msg, Frame)
+        if self.sends_now:
+            self.sent.append((asyncio.get_running_loop().time(), msg.items))
+        return self.sends_now
 
 
 def outbox(bus: FakeBus, window: Any) -> Outbox[int, Frame]:
@@ -53,15 +61,30 @@ async def test_after_a_pause_an_item_goes_at_once_then_fast_ones_share_a_frame()
 
 
 async def test_urgent_items_do_not_wait_for_the_window() -> None:
+    for sends_now in (True, False):  # in the caller's step, or by the outbox's task
+        bus = FakeBus(sends_now=sends_now)
+        box = outbox(bus, 0.5)
+        box.put(1)
+        await settle()
+        box.put(2)
+        box.put(3, urgent=True)  # takes what waits along
+        await settle()
+        assert [items for _, items in bus.sent] == [[1], [2, 3]]
+        box.put(4)
+        await settle()
+        assert len(bus.sent) == 2  # inside the window again
+        await box.close()
+        assert [items for _, items in bus.sent] == [[1], [2, 3], [4]]
+
+
+async def test_an_urgent_item_leaves_in_the_callers_step_when_the_bus_can_send_it() -> None:
     bus = FakeBus()
     box = outbox(bus, 0.5)
     box.put(1)
-    await settle()
-    box.put(2)
-    box.put(3, urgent=True)  # takes what waits along
-    await settle()
-    assert [items for _, items in bus.sent] == [[1], [2, 3]]
+    box.put(2, urgent=True)
+    assert [items for _, items in bus.sent] == [[1, 2]]  # no loop iteration in between
     await box.close()
+    assert [items for _, items in bus.sent] == [[1, 2]]
 
 
 async def test_the_window_is_asked_at_each_frame() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -17,6 +17,7 @@ from contracts.subjects import Subjects
 from services.common.bus import Bus, Outboxes
 from services.common.heartbeat import Peers
 from services.common.wire import Msg, Wire
+from services.common.wire_subscription import Callback
 
 
 @pytest.fixture
@@ -100,7 +101,7 @@ class Line:
         beat = Heartbeat(service="parser", instance=instance, interval_s=0.25, stopping=stopping)
         await self.sender.publish(self.subjects.heartbeat("parser"), beat.model_dump_json().encode())
 
-    async def frames_to(self, cb: Callable[[Msg], Awaitable[None]]) -> str:
+    async def frames_to(self, cb: Callback) -> str:
         """Frames on a subject of the receiver's handled by ``cb``; the subject."""
         subject = f"{self.subjects.namespace}.events"
         await self.receiving.subscribe(subject, cb=cb)

@@ -22,6 +22,7 @@ from nats.aio.client import Client as NATS
 from services.common.infra import ManagedProcess, free_port, start_nats
 from services.common.nats_frames import header_block
 from services.common.wire import Msg, Subscription, Wire, _Protocol
+from services.common.wire_subscription import Callback
 
 Connect = Callable[..., Awaitable[Wire]]
 
@@ -227,7 +228,7 @@ async def test_queue_group_delivers_each_message_once(connect: Connect, wire: Wi
     both = Collector()
     takers: list[str] = []
 
-    def member(name: str) -> Callable[[Msg], Awaitable[None]]:
+    def member(name: str) -> Callback:
         async def cb(msg: Msg) -> None:
             takers.append(name)
             await both.record(msg)

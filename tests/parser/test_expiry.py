@@ -42,6 +42,10 @@ class SentBus:
     async def publish(self, subject: str, msg: BaseModel | bytes, headers: dict[str, str] | None = None) -> None:
         self.sent.append((subject, msg))
 
+    def publish_nowait(self, subject: str, msg: BaseModel) -> bool:
+        self.sent.append((subject, msg))
+        return True
+
 
 async def test_draining_waits_for_a_quiet_moment_and_finishes_late_generations() -> None:
     """Idle is not enough: a gateway that chose this worker before hearing it drain still sends
