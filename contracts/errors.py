@@ -13,6 +13,11 @@ from pydantic import BaseModel, ConfigDict
 class ErrorCode(StrEnum):
     # the caller's fault
     INVALID_REQUEST = "invalid_request"
+    # a request body that does not validate, in OpenAI's own codes
+    MISSING_REQUIRED_PARAMETER = "missing_required_parameter"
+    UNKNOWN_PARAMETER = "unknown_parameter"
+    INVALID_TYPE = "invalid_type"
+    INVALID_VALUE = "invalid_value"
     INVALID_API_KEY = "invalid_api_key"
     REQUEST_TOO_LARGE = "request_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
@@ -39,6 +44,10 @@ class ErrorCode(StrEnum):
 
 _HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.INVALID_REQUEST: 400,
+    ErrorCode.MISSING_REQUIRED_PARAMETER: 400,
+    ErrorCode.UNKNOWN_PARAMETER: 400,
+    ErrorCode.INVALID_TYPE: 400,
+    ErrorCode.INVALID_VALUE: 400,
     ErrorCode.INVALID_API_KEY: 401,
     ErrorCode.REQUEST_TOO_LARGE: 413,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,

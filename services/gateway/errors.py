@@ -33,9 +33,9 @@ class ApiError(Exception):
         return self.error.code.http_status
 
 
-def invalid(message: str, param: str | None = None) -> ApiError:
+def invalid(message: str, param: str | None = None, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> ApiError:
     """A caller mistake (400) naming the offending parameter."""
-    return ApiError(BusError(code=ErrorCode.INVALID_REQUEST, message=message, param=param))
+    return ApiError(BusError(code=code, message=message, param=param))
 
 
 def not_found(message: str, param: str | None = None) -> ApiError:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import orjson
 from pydantic import BaseModel, ValidationError
 
+from contracts.errors import ErrorCode
 from services.gateway.errors import invalid
 
 M = TypeVar("M", bound=BaseModel)
@@ -69,12 +70,47 @@ def param_of(loc: tuple[int | str, ...], data: Any) -> str:
     return out
 
 
-def _message(kind: str, param: str, msg: str) -> str:
+# what a pydantic error of a wrong JSON type expected, in the words of OpenAI's messages
+EXPECTED = {
+    "string_type": "a string",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "a boolean",
+    "bool_parsing": "a boolean",
+    "list_type": "an array",
+    "tuple_type": "an array",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "dataclass_type": "an object",
+}
+
+
+def json_type(value: Any) -> str:
+    """What a JSON value is, as OpenAI's messages name it."""
+    if value is None:
+        return "null"
+    for kind, name in ((bool, "a boolean"), (int, "an integer"), (float, "a number"), (str, "a string")):
+        if isinstance(value, kind):
+            return name
+    return "an array" if isinstance(value, list) else "an object"
+
+
+def problem(kind: str, param: str, msg: str, given: Any) -> tuple[ErrorCode, str]:
+    """A validation error as OpenAI reports it: its code and message."""
     if kind == "extra_forbidden":
-        return f"Unrecognized request argument supplied: {param}"
+        return ErrorCode.UNKNOWN_PARAMETER, f"Unrecognized request argument supplied: {param}"
     if kind == "missing":
-        return f"Missing required parameter: '{param}'."
-    return f"Invalid value for '{param}': {msg}"
+        return ErrorCode.MISSING_REQUIRED_PARAMETER, f"Missing required parameter: '{param}'."
+    if (expected := EXPECTED.get(kind)) is not None:
+        return (
+            ErrorCode.INVALID_TYPE,
+            f"Invalid type for '{param}': expected {expected}, but got {json_type(given)} instead.",
+        )
+    return ErrorCode.INVALID_VALUE, f"Invalid value for '{param}': {msg}"
 
 
 def validate(data: Any, model: type[M], *, ignore_unknown: bool = False) -> M:
@@ -89,9 +125,8 @@ def validate(data: Any, model: type[M], *, ignore_unknown: bool = False) -> M:
         # pydantic reports every union branch; the deepest error is the most specific one
         first = max(errors, key=lambda e: len(e.get("loc", ())))
         param = param_of(tuple(first.get("loc", ())), data)
-        raise invalid(
-            _message(str(first.get("type", "")), param, str(first.get("msg", "invalid"))), param or None
-        ) from None
+        code, message = problem(str(first.get("type", "")), param, str(first.get("msg", "invalid")), first.get("input"))
+        raise invalid(message, param or None, code) from None
 
 
 def parse_body(raw: bytes, model: type[M], *, ignore_unknown: bool = False) -> M:

@@ -15,6 +15,10 @@ from contracts.errors import BusError, ErrorCode
 # code: (wire value, HTTP status, OpenAI error type)
 DECLARED: dict[ErrorCode, tuple[str, int, str]] = {
     ErrorCode.INVALID_REQUEST: ("invalid_request", 400, "invalid_request_error"),
+    ErrorCode.MISSING_REQUIRED_PARAMETER: ("missing_required_parameter", 400, "invalid_request_error"),
+    ErrorCode.UNKNOWN_PARAMETER: ("unknown_parameter", 400, "invalid_request_error"),
+    ErrorCode.INVALID_TYPE: ("invalid_type", 400, "invalid_request_error"),
+    ErrorCode.INVALID_VALUE: ("invalid_value", 400, "invalid_request_error"),
     ErrorCode.INVALID_API_KEY: ("invalid_api_key", 401, "invalid_request_error"),
     ErrorCode.REQUEST_TOO_LARGE: ("request_too_large", 413, "invalid_request_error"),
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: ("unsupported_media_type", 415, "invalid_request_error"),
@@ -48,6 +52,10 @@ def test_declared_mapping(code: ErrorCode) -> None:
 
 CALLER_MISTAKES = {
     ErrorCode.INVALID_REQUEST,
+    ErrorCode.MISSING_REQUIRED_PARAMETER,
+    ErrorCode.UNKNOWN_PARAMETER,
+    ErrorCode.INVALID_TYPE,
+    ErrorCode.INVALID_VALUE,
     ErrorCode.INVALID_API_KEY,
     ErrorCode.REQUEST_TOO_LARGE,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE,

@@ -1,0 +1,101 @@
+"""A request body that does not validate is a 400 in OpenAI's own terms: the code
+(missing_required_parameter, unknown_parameter, invalid_type, invalid_value), the parameter's
+path, and a message in OpenAI's wording."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from contracts.errors import ErrorCode
+from services.gateway.chat.models import ChatRequest
+from services.gateway.errors import ApiError
+from services.gateway.responses.request import ResponsesRequest
+from services.gateway.validation import json_type, parse_body, validate
+
+HI = [{"role": "user", "content": "hi"}]
+CASES: list[tuple[type[BaseModel], dict[str, Any], ErrorCode, str, str]] = [
+    (
+        ChatRequest,
+        {"model": "m"},
+        ErrorCode.MISSING_REQUIRED_PARAMETER,
+        "messages",
+        "Missing required parameter: 'messages'.",
+    ),
+    (
+        ChatRequest,
+        {"model": "m", "messages": HI, "foo": 1},
+        ErrorCode.UNKNOWN_PARAMETER,
+        "foo",
+        "Unrecognized request argument supplied: foo",
+    ),
+    (
+        ChatRequest,
+        {"model": "m", "messages": HI, "max_tokens": "ten"},
+        ErrorCode.INVALID_TYPE,
+        "max_tokens",
+        "Invalid type for 'max_tokens': expected an integer, but got a string instead.",
+    ),
+    (
+        ChatRequest,
+        {"model": "m", "messages": "hi"},
+        ErrorCode.INVALID_TYPE,
+        "messages",
+        "Invalid type for 'messages': expected an array, but got a string instead.",
+    ),
+    (
+        ChatRequest,
+        {"model": "m", "messages": HI, "temperature": 9},
+        ErrorCode.INVALID_VALUE,
+        "temperature",
+        "Invalid value for 'temperature': Input should be less than or equal to 2",
+    ),
+    (
+        ChatRequest,
+        {"model": "m", "messages": [{"role": "wizard", "content": "hi"}]},
+        ErrorCode.INVALID_VALUE,
+        "messages[0].role",
+        "Invalid value for 'messages[0].role': ",
+    ),
+    (
+        ResponsesRequest,
+        {"input": "hi"},
+        ErrorCode.MISSING_REQUIRED_PARAMETER,
+        "model",
+        "Missing required parameter: 'model'.",
+    ),
+    (
+        ResponsesRequest,
+        {"model": "m", "input": "hi", "max_output_tokens": [1]},
+        ErrorCode.INVALID_TYPE,
+        "max_output_tokens",
+        "Invalid type for 'max_output_tokens': expected an integer, but got an array instead.",
+    ),
+]
+
+
+@pytest.mark.parametrize(("model", "body", "code", "param", "message"), CASES)
+def test_a_body_that_does_not_validate_says_what_and_where_in_openais_terms(
+    model: type[BaseModel], body: dict[str, Any], code: ErrorCode, param: str, message: str
+) -> None:
+    with pytest.raises(ApiError) as raised:
+        validate(body, model)
+    error = raised.value.error
+    assert (error.code, error.param) == (code, param)
+    assert error.message.startswith(message)
+    assert raised.value.status_code == 400
+    assert error.openai_body()["error"]["type"] == "invalid_request_error"
+
+
+def test_json_types_are_named_as_openai_names_them() -> None:
+    named = [json_type(v) for v in (None, True, 3, 1.5, "s", [1], {"a": 1})]
+    assert named == ["null", "a boolean", "an integer", "a number", "a string", "an array", "an object"]
+
+
+def test_what_is_not_a_json_object_is_the_generic_invalid_request() -> None:
+    for raw in (b"", b"[1]", b"{"):
+        with pytest.raises(ApiError) as raised:
+            parse_body(raw, ChatRequest)
+        assert raised.value.error.code == ErrorCode.INVALID_REQUEST
