@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.encode import ResponseFormat
@@ -25,7 +25,7 @@ from services.gateway.context import GatewayContext, get_ctx
 from services.gateway.errors import public
 from services.gateway.generation import Generation, GenerationSpec
 from services.gateway.observe import Observed
-from services.gateway.streaming import ClientGone, unless_client_leaves
+from services.gateway.streaming import ClientGone, EventStream, unless_client_leaves
 from services.gateway.validation import parse_body
 
 router = APIRouter()
@@ -174,9 +174,7 @@ async def _streamed(
             await stream.aclose()
             seen.finish(outcome="client_gone")  # no-op when the stream ended normally
 
-    return StreamingResponse(
-        rest(), media_type="text/event-stream", headers={**SSE_HEADERS, **server_timing(holder[0])}
-    )
+    return EventStream(rest(), headers={**SSE_HEADERS, **server_timing(holder[0])})
 
 
 async def _chunks(

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, WebSocket
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from redis.exceptions import RedisError
 
@@ -33,7 +33,7 @@ from services.gateway.responses.response import TERMINAL_EVENTS
 from services.gateway.responses.run import ResponseRun
 from services.gateway.responses.websocket import Socket
 from services.gateway.store import ResponseStore, StoredResponse
-from services.gateway.streaming import ClientGone, unless_client_leaves
+from services.gateway.streaming import ClientGone, EventStream, unless_client_leaves
 from services.gateway.validation import parse_body
 
 log = logging.getLogger("chorus.gateway.responses")
@@ -86,11 +86,7 @@ async def create_response(request: Request) -> Any:
         seen.finish(outcome="failed", error=_why(exc))
         raise
     if req.stream:
-        return StreamingResponse(
-            stream_events(ctx, run, first, batches, persist=req.stored),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-        )
+        return EventStream(stream_events(ctx, run, first, batches, persist=req.stored), headers=SSE_HEADERS)
     try:  # a failure of the run is raised, never stored as a "completed" response
         await unless_client_leaves(request, _drain(batches))
     except ClientGone:  # the client left: the run is cancelled (and the engine aborted)
@@ -181,9 +177,7 @@ async def retrieve_response(
     if not stream:
         return JSONResponse(record.response)
     after = starting_after if starting_after is not None else -1
-    return StreamingResponse(
-        replay(ctx, store, response_id, after), media_type="text/event-stream", headers=SSE_HEADERS
-    )
+    return EventStream(replay(ctx, store, response_id, after), headers=SSE_HEADERS)
 
 
 async def replay(ctx: GatewayContext, store: ResponseStore, response_id: str, after_seq: int) -> AsyncIterator[bytes]:
