@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
+from starlette.types import Message
 
 from services.gateway.streaming import EventStream
 
@@ -17,14 +17,14 @@ class Client:
     """The ASGI side: what was sent, in order, and a disconnect it can be told to send."""
 
     def __init__(self) -> None:
-        self.sent: list[dict[str, Any]] = []
+        self.sent: list[Message] = []
         self.leave = asyncio.Event()
 
-    async def receive(self) -> dict[str, Any]:
+    async def receive(self) -> Message:
         await self.leave.wait()
         return {"type": "http.disconnect"}
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: Message) -> None:
         self.sent.append(message)
 
     @property
