@@ -176,15 +176,19 @@ class Peers:
         stalled (its loop blocked, the machine overloaded), the beats it did not read yet are
         no evidence against anyone: everyone gets a fresh grace period instead of a verdict."""
         last = time.monotonic()
-        while True:
-            await asyncio.sleep(interval)
-            now = time.monotonic()
-            if now - last > max(2 * interval, self.dead_after / 2):
-                log.info("this process stalled for %.1fs: no death verdicts this time", now - last)
-                self._grace()
-            else:
-                await self.sweep()
-            last = now
+        try:
+            while True:
+                await asyncio.sleep(interval)
+                now = time.monotonic()
+                if now - last > max(2 * interval, self.dead_after / 2):
+                    log.info("this process stalled for %.1fs: no death verdicts this time", now - last)
+                    self._grace()
+                else:
+                    await self.sweep()
+                last = now
+        finally:  # this process stops: so does the handling of peers that said they stop
+            for task in list(self._stopping):
+                task.cancel()
 
 
 class Beater:

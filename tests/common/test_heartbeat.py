@@ -1,12 +1,14 @@
 """Death verdicts: quick for pipeline instances, patient for gateways, none after a stall of
-this process's own loop."""
+this process's own loop; a stopping peer being handled when this process stops is let go."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import cast
 
 from contracts.messages.control import Heartbeat
+from services.common.bus import Bus
 from services.common.heartbeat import Peers
 
 
@@ -51,3 +53,24 @@ async def test_no_verdicts_after_this_process_stalled() -> None:
         assert dead == ["p1"]  # silence after the stall is
     finally:
         runner.cancel()
+
+
+class BusWithBacklog:
+    """A bus whose other subscriptions never catch up (a backlog that outlives the process)."""
+
+    async def caught_up(self, timeout: float = 2.0) -> None:
+        await asyncio.sleep(3600)
+
+
+async def test_a_stopping_peer_still_being_handled_is_let_go_when_this_process_stops() -> None:
+    peers = Peers()
+    peers._bus = cast(Bus, BusWithBacklog())
+    runner = asyncio.get_running_loop().create_task(peers.run(0.01))
+    await peers.observe(beat("parser", "p1"))
+    await peers.observe(Heartbeat(service="parser", instance="p1", interval_s=0.01, stopping=True))
+    [handling] = list(peers._stopping)
+    await asyncio.sleep(0.02)
+    assert not handling.done()  # waiting for the backlog
+    runner.cancel()
+    await asyncio.wait([runner, handling], timeout=1)
+    assert handling.cancelled() and not peers._stopping
