@@ -88,9 +88,11 @@ def rss_mb(pid: int) -> float:
 
 @dataclass
 class Stack:
-    """The simulated engine and `chorus up` in front of it, with their logs."""
+    """The simulated engine and `chorus up` in front of it, with their logs; run from the code
+    tree ``root`` (this one unless told: ``bench_ab.py`` starts one stack per tree)."""
 
     log_dir: Path
+    root: Path = ROOT
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     base: str = ""
     engine: str = ""
@@ -120,7 +122,7 @@ class Stack:
         with open(self.log_dir / "sim.log", "wb") as sim_log:
             self.procs.append(
                 subprocess.Popen(
-                    [*cli, "serve", "sim-engine"], env=env, cwd=ROOT, stdout=sim_log, stderr=subprocess.STDOUT
+                    [*cli, "serve", "sim-engine"], env=env, cwd=self.root, stdout=sim_log, stderr=subprocess.STDOUT
                 )
             )
         with open(self.log_dir / "up.out", "wb") as up_log:
@@ -142,7 +144,7 @@ class Stack:
                         "--log-level",
                         "WARNING",
                     ],
-                    cwd=ROOT,
+                    cwd=self.root,
                     stdout=up_log,
                     stderr=subprocess.STDOUT,
                 )
