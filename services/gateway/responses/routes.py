@@ -114,30 +114,51 @@ async def stream_events(
     ctx: GatewayContext, run: ResponseRun, first: list[Event], batches: AsyncIterator[list[Event]], *, persist: bool
 ) -> AsyncIterator[bytes]:
     """The run's events as SSE. A stored response is saved before its terminal event goes out:
-    if storage fails the stream ends with ``response.failed`` saying so, never silently."""
-    store = run.prepared.store
-    storage_ok = True
+    if storage fails the stream ends with ``response.failed`` saying so, never silently. Its
+    event log (for replays) is written just after each batch goes out, not before: the client's
+    first bytes do not wait for a Redis round trip, and the log is written while the stream
+    waits for the model anyway."""
+    log_events = StoredLog(run, persist)
     try:
         batch: list[Event] | None = first
         while batch is not None:
             if run.status != "in_progress" and batch and batch[-1].type in TERMINAL_EVENTS:
-                storage_ok = storage_ok and await _saved(run)
-                if not storage_ok:
+                await log_events.write()  # the log is whole before the response is saved
+                if not (log_events.ok and await _saved(run)):
+                    log_events.ok = False
                     batch = [*batch[:-1], run.storage_failed()]
             encoded = [(dump(e), e.type.encode()) for e in batch]
-            if persist and storage_ok:
-                try:
-                    await store.append_events(run.response_id, [data for data, _ in encoded])
-                except RedisError:
-                    log.warning("response %s: its events could not be stored", run.response_id, exc_info=True)
-                    storage_ok = False
+            log_events.pending += [data for data, _ in encoded]
             yield b"".join(sse(data, kind) for data, kind in encoded)
+            await log_events.write()
             batch = await anext(batches, None)
     finally:
+        await log_events.write()  # what the client was sent, even when it left
         with contextlib.suppress(Exception):  # the run's own failure was told already
             await batches.aclose()  # type: ignore[attr-defined]
         if run.status == "in_progress" and run.observed is not None:
             run.observed.finish(outcome="client_gone")
+
+
+class StoredLog:
+    """A stored streaming response's event log, written behind the stream; ``ok`` is False
+    from the first write that failed (the response's terminal event then says so)."""
+
+    def __init__(self, run: ResponseRun, persist: bool) -> None:
+        self.run = run
+        self.persist = persist
+        self.ok = True
+        self.pending: list[bytes] = []
+
+    async def write(self) -> None:
+        pending, self.pending = self.pending, []
+        if not (pending and self.persist and self.ok):
+            return
+        try:
+            await self.run.prepared.store.append_events(self.run.response_id, pending)
+        except RedisError:
+            log.warning("response %s: its events could not be stored", self.run.response_id, exc_info=True)
+            self.ok = False
 
 
 async def _saved(run: ResponseRun) -> bool:
