@@ -348,6 +348,7 @@ class Outbox(Generic[T, F]):
         self._scheduled = False
         self._last = 0.0  # loop time of the last frame
         self._task: asyncio.Task[None] | None = None
+        self._sending = False  # a frame is on its way (a large one waits for the object store)
         self.frames = 0
 
     def put(self, item: T, *, urgent: bool = False) -> None:
@@ -370,7 +371,10 @@ class Outbox(Generic[T, F]):
         self._ready.set()
 
     def _send_now(self) -> bool:
-        """Everything waiting, sent in this step if the bus can (else the task sends it)."""
+        """Everything waiting, sent in this step if the bus can (else the task sends it): never
+        while an earlier frame is still on its way, which it would overtake."""
+        if self._sending:
+            return False
         items = self._items
         try:
             if not self.bus.publish_nowait(self.subject, self._frame(items)):
@@ -401,10 +405,13 @@ class Outbox(Generic[T, F]):
             return
         items, self._items = self._items, []
         self.frames += 1
+        self._sending = True
         try:
             await self.bus.publish(self.subject, self._frame(items))
         except Exception:  # the bus is down: the receiver's recovery takes over
             log.warning("sending %d item(s) to %s failed", len(items), self.subject, exc_info=True)
+        finally:
+            self._sending = False
 
     async def close(self) -> None:
         await self.flush()

@@ -113,3 +113,39 @@ async def test_close_sends_what_waits() -> None:
     box.put(2)
     await box.close()
     assert [items for _, items in bus.sent] == [[1], [2]]
+
+
+class SlowBigFrames(FakeBus):
+    """A frame over ``limit`` items cannot go in the caller's step and takes ``gate`` to send
+    (a payload over NATS's limit goes through the object store first)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+        self.gate = asyncio.Event()
+
+    async def publish(self, subject: str, msg: BaseModel | bytes, headers: dict[str, str] | None = None) -> None:
+        await self.gate.wait()
+        await super().publish(subject, msg, headers)
+
+    def publish_nowait(self, subject: str, msg: BaseModel) -> bool:
+        assert isinstance(msg, Frame)
+        return len(msg.items) <= self.limit and super().publish_nowait(subject, msg)
+
+
+async def test_an_urgent_item_never_overtakes_a_frame_still_on_its_way() -> None:
+    """The first tokens of a generation carry its parse spec (tool schemas: possibly megabytes,
+    sent through the object store); the tokens after them must not arrive first."""
+    bus = SlowBigFrames(limit=2)
+    box = outbox(bus, 0.0)
+    box.put(1)
+    box.put(2)
+    box.put(3, urgent=True)  # three items: too big to go now; the task sends them, slowly
+    await settle()
+    box.put(4, urgent=True)  # small, but the frame before it is still on its way
+    await settle()
+    assert bus.sent == []
+    bus.gate.set()
+    await settle()
+    assert [items for _, items in bus.sent] == [[1, 2, 3], [4]]
+    await box.close()
