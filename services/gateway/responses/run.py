@@ -189,6 +189,7 @@ class ResponseRun:
             if first == 0:
                 self.output.next_turn()
         opened = first > 0  # a run taken over after its first turn has sent its opening
+        await self.prepared.storage_ready()  # a stored response: storage answers before any engine work
         for turn in range(first, self.ctx.settings.max_tool_iterations):
             if self._over_threshold() or (turn == 0 and self.request.compact_now):
                 async for events in self._compact(self._opening(prelude) if not opened else []):
