@@ -174,6 +174,7 @@ class ResponseRun:
         (events it had already sent come again, numbered the same: the caller drops them)."""
         w = self.writer
         first = 0
+        await self.prepared.storage_ready()  # a stored response: storage answers before any other work
         if resume is not None and resume.checkpoint is not None and resume.checkpoint.turn > 0:
             first = resume.checkpoint.turn
             with current(self.observed):
@@ -189,7 +190,6 @@ class ResponseRun:
             if first == 0:
                 self.output.next_turn()
         opened = first > 0  # a run taken over after its first turn has sent its opening
-        await self.prepared.storage_ready()  # a stored response: storage answers before any engine work
         for turn in range(first, self.ctx.settings.max_tool_iterations):
             if self._over_threshold() or (turn == 0 and self.request.compact_now):
                 async for events in self._compact(self._opening(prelude) if not opened else []):
