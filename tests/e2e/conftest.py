@@ -28,6 +28,7 @@ from services.common.infra import ManagedProcess, free_port, wait_for_port
 MODEL = "openai/gpt-oss-20b"
 Samples = dict[str, list[tuple[dict[str, str], float]]]  # /metrics: sample name -> (labels, value)
 EngineRecord = dict[str, Any]  # one request as the simulated engine recorded it (its JSON)
+SCRAPED = ("gateway", "encoder", "dispatcher", "parser", "tools")  # every service in a stack's /metrics
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
@@ -74,14 +75,22 @@ class RunningStack:
         return httpx.Client(base_url=self.base_url, timeout=30)
 
     def metrics(self) -> Samples:
-        """The gateway's /metrics now: each sample name's (labels, value) pairs."""
-        resp = httpx.get(f"{self.base_url}/metrics", timeout=30)
-        assert resp.status_code == 200, resp.text
-        out: Samples = {}
-        for family in text_string_to_metric_families(resp.text):
-            for sample in family.samples:
-                out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-        return out
+        """The gateway's /metrics now, every service in it: each sample name's (labels, value)
+        pairs. A scrape waits a moment for each instance's answer and serves without the late
+        ones (a loaded machine): such a scrape is taken again, so that a counter compared across
+        two scrapes never seems to grow from nothing."""
+        deadline = time.monotonic() + 10
+        while True:
+            resp = httpx.get(f"{self.base_url}/metrics", timeout=30)
+            assert resp.status_code == 200, resp.text
+            out: Samples = {}
+            for family in text_string_to_metric_families(resp.text):
+                for sample in family.samples:
+                    out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+            answered = {labels.get("service") for samples in out.values() for labels, _ in samples}
+            if answered >= set(SCRAPED) or time.monotonic() > deadline:
+                return out
+            time.sleep(0.2)
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples of ``name`` in the gateway's /metrics that carry ``labels``."""
