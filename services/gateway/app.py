@@ -112,11 +112,11 @@ def build_app(settings: Settings) -> FastAPI:
             ctx = GatewayContext(settings=settings, bus=rt.bus, peers=rt.peers, generations=generations, store=store)
             ctx.sealer = await Sealer.from_settings(settings.sealing_keys, store.shared_secret)
             app.state.ctx = ctx
-            await responses.startup(ctx)
+            app.state.background = background = await responses.startup(ctx)
             try:
                 yield
             finally:
-                await responses.shutdown(ctx)
+                await background.stop()
                 await generations.stop()
                 await store.close()
 

@@ -16,7 +16,6 @@ from services.gateway.store import ResponseStore
 if TYPE_CHECKING:
     from fastapi import Request
 
-    from services.gateway.responses.background import Background
     from services.gateway.sealing import Sealer
 
 
@@ -27,7 +26,6 @@ class GatewayContext:
     peers: Peers
     generations: Generations
     store: ResponseStore
-    background: Background | None = None
     sealer: Sealer | None = None
 
     def store_for(self, request: Request) -> ResponseStore:

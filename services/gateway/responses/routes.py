@@ -51,14 +51,11 @@ def json_response(model: BaseModel, status_code: int = 200) -> Response:
     return Response(dump(model), status_code=status_code, media_type="application/json")
 
 
-async def startup(ctx: GatewayContext) -> None:
-    ctx.background = Background(ctx, ctx.settings.instance_id)
-    await ctx.background.start()
-
-
-async def shutdown(ctx: GatewayContext) -> None:
-    if ctx.background is not None:
-        await ctx.background.stop()
+async def startup(ctx: GatewayContext) -> Background:
+    """The background runner of this gateway, started (the app keeps it in ``app.state``)."""
+    background = Background(ctx, ctx.settings.instance_id)
+    await background.start()
+    return background
 
 
 @router.post("/v1/responses")
@@ -76,8 +73,8 @@ async def create_response(request: Request) -> Any:
     if req.background:
         queued = run.response("queued")
         await store.save_response(StoredResponse(response=orjson.loads(dump(queued))), [])
-        assert ctx.background is not None
-        await ctx.background.submit(run)
+        background: Background = request.app.state.background
+        await background.submit(run)
         return json_response(queued)
     batches = run.events()
     try:
