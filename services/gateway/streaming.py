@@ -20,12 +20,10 @@ async def first_then_rest(first: T, rest: AsyncIterator[T]) -> AsyncIterator[T]:
         yield item
 
 
-async def wait_disconnect(request: Request) -> None:
+async def wait_disconnect(receive: Receive) -> None:
     """Return when the client has gone away (the body has already been read)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class ClientGone(Exception):
@@ -33,7 +31,7 @@ class ClientGone(Exception):
 
 
 async def _raise_when_gone(request: Request) -> None:
-    await wait_disconnect(request)
+    await wait_disconnect(request.receive)
     raise ClientGone
 
 
@@ -68,8 +66,7 @@ class EventStream(StreamingResponse):
         gone = asyncio.Event()
 
         async def listen() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
+            await wait_disconnect(receive)
             gone.set()
             me.cancel()
 

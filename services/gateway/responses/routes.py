@@ -119,11 +119,11 @@ async def stream_events(
     try:
         batch: list[Event] | None = first
         while batch is not None:
-            if run.status != "in_progress" and batch and batch[-1].type in TERMINAL_EVENTS:
-                await log_events.write()  # the log is whole before the response is saved
-                if not (log_events.ok and await _saved(run)):
-                    log_events.ok = False
-                    batch = [*batch[:-1], run.storage_failed()]
+            # the terminal batch: the log is whole (each batch was written just after it went out)
+            terminal = run.status != "in_progress" and batch and batch[-1].type in TERMINAL_EVENTS
+            if terminal and not (log_events.ok and await _saved(run)):
+                log_events.ok = False
+                batch = [*batch[:-1], run.storage_failed()]
             encoded = [(dump(e), e.type.encode()) for e in batch]
             log_events.pending += [data for data, _ in encoded]
             yield b"".join(sse(data, kind) for data, kind in encoded)
