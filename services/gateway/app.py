@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import uvicorn
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts.errors import BusError, ErrorCode
 from contracts.subjects import SERVICES
@@ -24,6 +26,7 @@ from services.common.bus import BusFailure
 from services.common.logs import setup_logging
 from services.common.runtime import Runtime
 from services.gateway import conversations, stack_metrics
+from services.gateway.chat.routes import chat_completions
 from services.gateway.chat.routes import router as chat_router
 from services.gateway.context import GatewayContext, get_ctx
 from services.gateway.errors import STORAGE_DOWN, ApiError, public
@@ -91,6 +94,29 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(error.openai_body(), status_code=exc.status_code)
 
 
+def endpoint_app(app: FastAPI, endpoint: Callable[[Request], Awaitable[Response]]) -> ASGIApp:
+    """``endpoint`` (a route of ``app`` that takes the request alone and returns a response) as an
+    ASGI app, its errors answered by ``app``'s exception handlers (anything else is raised to the
+    edge, as from the framework's routing): what the router would do for it, without its layers
+    in between. The route stays declared in ``app`` (the API's schema lists it)."""
+    handlers = app.exception_handlers
+
+    async def serve(scope: Scope, receive: Receive, send: Send) -> None:
+        scope["app"] = app
+        request = Request(scope, receive, send)
+        try:
+            response = await endpoint(request)
+        except Exception as exc:
+            handler = next((handlers[kind] for kind in type(exc).__mro__ if kind in handlers), None)
+            if handler is None:
+                raise
+            answer = handler(request, exc)
+            response = await answer if inspect.isawaitable(answer) else answer
+        await response(scope, receive, send)
+
+    return serve
+
+
 def build_app(settings: Settings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -122,7 +148,11 @@ def build_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(title="Chorus", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     install_error_handlers(app)
-    app.add_middleware(Edge, api_keys=settings.api_keys, max_body_bytes=settings.max_body_bytes)
+    direct = {
+        "/v1/chat/completions": endpoint_app(app, chat_completions),
+        "/v1/responses": endpoint_app(app, responses.create_response),
+    }
+    app.add_middleware(Edge, api_keys=settings.api_keys, max_body_bytes=settings.max_body_bytes, direct=direct)
     app.include_router(chat_router)
     app.include_router(responses.router)
     app.include_router(conversations.router)

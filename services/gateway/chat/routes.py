@@ -75,7 +75,7 @@ def format_failure(state: ChatState, fmt: ResponseFormat | None) -> BusError | N
 
 
 @router.post("/v1/chat/completions")
-async def chat_completions(request: Request) -> Any:
+async def chat_completions(request: Request) -> Response:
     ctx = get_ctx(request)
     body = parse_body(await request.body(), ChatRequest)
     ctx.check_model(body.model)

@@ -59,7 +59,7 @@ async def startup(ctx: GatewayContext) -> Background:
 
 
 @router.post("/v1/responses")
-async def create_response(request: Request) -> Any:
+async def create_response(request: Request) -> Response:
     ctx = get_ctx(request)
     req = parse_body(await request.body(), ResponsesRequest)
     sealer = ctx.sealer
