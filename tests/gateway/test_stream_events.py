@@ -11,7 +11,6 @@ from typing import Any, cast
 
 from pydantic import BaseModel
 
-from services.gateway.context import GatewayContext
 from services.gateway.responses.routes import stream_events
 from services.gateway.responses.run import ResponseRun
 
@@ -57,7 +56,7 @@ async def later() -> AsyncIterator[list[Any]]:
 
 def stream(store: SlowStore) -> AsyncIterator[bytes]:
     run = cast(ResponseRun, Run(Prepared(store)))
-    return stream_events(cast(GatewayContext, None), run, events(0), later(), persist=True)
+    return stream_events(run, events(0), later(), persist=True)
 
 
 async def test_the_first_bytes_do_not_wait_for_the_log_and_the_log_gets_every_event_in_order() -> None:

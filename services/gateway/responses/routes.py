@@ -83,7 +83,7 @@ async def create_response(request: Request) -> Response:
         seen.finish(outcome="failed", error=_why(exc))
         raise
     if req.stream:
-        return EventStream(stream_events(ctx, run, first, batches, persist=req.stored), headers=SSE_HEADERS)
+        return EventStream(stream_events(run, first, batches, persist=req.stored), headers=SSE_HEADERS)
     try:  # a failure of the run is raised, never stored as a "completed" response
         await unless_client_leaves(request, _drain(batches))
     except ClientGone:  # the client left: the run is cancelled (and the engine aborted)
@@ -108,7 +108,7 @@ async def _drain(batches: AsyncIterator[list[Event]]) -> None:
 
 
 async def stream_events(
-    ctx: GatewayContext, run: ResponseRun, first: list[Event], batches: AsyncIterator[list[Event]], *, persist: bool
+    run: ResponseRun, first: list[Event], batches: AsyncIterator[list[Event]], *, persist: bool
 ) -> AsyncIterator[bytes]:
     """The run's events as SSE. A stored response is saved before its terminal event goes out:
     if storage fails the stream ends with ``response.failed`` saying so, never silently. Its
