@@ -51,6 +51,8 @@ GEN_AI_TOOL_TYPE = "gen_ai.tool.type"
 ERROR_TYPE = "error.type"
 FIRST_TOKEN = "first_token"  # the event marking a generation's first output token
 
+_exporting = False  # this process installed a tracer provider (setup_tracing)
+
 
 def setup_tracing(
     service: str, otlp_endpoint: str | None, exporter: SpanExporter | None = None, instance_id: str | None = None
@@ -77,6 +79,8 @@ def setup_tracing(
     provider = TracerProvider(resource=Resource.create(attributes))  # sampler: OTEL_TRACES_SAMPLER
     provider.add_span_processor(BatchSpanProcessor(exporter or _otlp_exporter(otlp_endpoint)))
     trace.set_tracer_provider(provider)
+    global _exporting
+    _exporting = True
     log.info("tracing to %s", traces_endpoint or otlp_endpoint or type(exporter).__name__)
     return provider
 
@@ -106,6 +110,8 @@ def extract(headers: Mapping[str, Any] | None) -> Any:
 
 def carrier_of(span: Span) -> dict[str, str]:
     """The W3C trace context of ``span``, for a message whose handler continues the trace."""
+    if not _exporting and not span.get_span_context().is_valid:
+        return {}  # what the propagators would give (Chorus sets no baggage), without their steps
     carrier: dict[str, str] = {}
     propagate.inject(carrier, context=set_span_in_context(span))
     return carrier
@@ -115,11 +121,24 @@ def child_span(
     name: str, parent: Span | Mapping[str, Any] | None, kind: SpanKind = SpanKind.INTERNAL, /, **attributes: Any
 ) -> Span:
     """A span under ``parent`` (a span, or the carrier a message or headers brought; none:
-    a new trace), not made current."""
+    a new trace), not made current. Without tracing set up, a span with no trace to continue is
+    the invalid span the no-op tracer would make, without its steps: this is on every service's
+    part of a request's time to first token."""
+    if not _exporting and not _continues(parent):
+        return trace.INVALID_SPAN
     context = extract(parent) if parent is None or isinstance(parent, Mapping) else set_span_in_context(parent)
     return tracer().start_span(
         name, context=context, kind=kind, attributes={k: v for k, v in attributes.items() if v is not None} or None
     )
+
+
+def _continues(parent: Span | Mapping[str, Any] | None) -> bool:
+    """Whether ``parent`` carries a trace (a no-op tracer's span keeps it, for the next carrier)."""
+    if parent is None:
+        return False
+    if isinstance(parent, Mapping):
+        return "traceparent" in parent  # HTTP headers compare case-insensitively
+    return parent.get_span_context().is_valid
 
 
 @contextlib.contextmanager
