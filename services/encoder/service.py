@@ -53,9 +53,11 @@ def _warm(cutoff: str) -> None:
 def prompt_chars(req: EncodeRequest) -> int:
     """About how many characters the prompt holds (deciding inline vs pool): the conversation,
     the instructions, and the tools and response format (descriptions and schemas are text to
-    encode as well)."""
-    offered = req.model_dump_json(include={"tools", "namespaces", "response_format"})
-    return len(req.instructions or "") + conversation_chars(req.items) + len(offered)
+    encode as well; serialised only when there are any: this is on every request's path)."""
+    chars = len(req.instructions or "") + conversation_chars(req.items)
+    if req.tools or req.namespaces or req.response_format is not None:
+        chars += len(req.model_dump_json(include={"tools", "namespaces", "response_format"}))
+    return chars
 
 
 def context_error(prompt_tokens: int, max_tokens: int | None, context_length: int) -> BusError | None:

@@ -61,6 +61,17 @@ def test_a_huge_word_anywhere_in_the_prefix_renders_in_linear_time(encoding: Har
 def test_the_size_of_tools_sends_a_render_to_the_pool() -> None:
     req = EncodeRequest(model="m", items=[MessageItem(role="user", content="hi")], tools=[_tool("a" * 300_000)])
     assert prompt_chars(req) > 600_000
+    grouped = EncodeRequest(
+        model="m",
+        items=[MessageItem(role="user", content="hi")],
+        namespaces=[ToolNamespace(name="files", tools=[_tool("a" * 300_000)])],
+    )
+    assert prompt_chars(grouped) > 600_000
+
+
+def test_a_prompt_without_tools_counts_its_text() -> None:
+    req = EncodeRequest(model="m", items=[MessageItem(role="user", content="hi")], instructions="abc")
+    assert prompt_chars(req) == 5
 
 
 _LINE = st.lists(
