@@ -15,6 +15,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -103,6 +104,10 @@ def endpoint_app(app: FastAPI, endpoint: Callable[[Request], Awaitable[Response]
 
     async def serve(scope: Scope, receive: Receive, send: Send) -> None:
         scope["app"] = app
+        server_span = trace.get_current_span()  # an HTTP instrumentation's (FastAPI's own), if any
+        if server_span.is_recording():  # named after the route, as the router would have it named
+            server_span.set_attribute("http.route", scope["path"])
+            server_span.update_name(f"{scope['method']} {scope['path']}")
         request = Request(scope, receive, send)
         try:
             response = await endpoint(request)

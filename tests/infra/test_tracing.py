@@ -137,14 +137,23 @@ class Receiver:
             self._changed.wait_for(lambda: done(list(self.spans)), timeout)
             return list(self.spans)
 
-    async def trace_of(self, response_id: str, expected: dict[tuple[str, str], int]) -> list[SeenSpan]:
+    async def trace_of(
+        self, response_id: str, expected: dict[tuple[str, str], int], caller_span: str = ""
+    ) -> list[SeenSpan]:
         """The spans of the trace of the request ``response_id``, once it holds at least
-        ``expected[(service, name)]`` spans of each kind and its tree is closed (every span's
-        parent is in it, but for the root's)."""
+        ``expected[(service, name)]`` spans of each kind and its tree is closed: every span's
+        parent is in it, but for the root's, which is the caller's span (none: the trace's
+        first). (The HTTP framework's server span, the root, ends after the response went out:
+        it may come in a later export than the spans under it.)"""
 
         def complete(spans: list[SeenSpan]) -> bool:
             trace = in_trace(spans, response_id)
-            return len(tops(trace)) == 1 and all(count(trace, *key) >= n for key, n in expected.items())
+            roots = tops(trace)
+            return (
+                len(roots) == 1
+                and roots[0].parent_id == caller_span
+                and all(count(trace, *key) >= n for key, n in expected.items())
+            )
 
         return in_trace(await asyncio.to_thread(self.wait, complete), response_id)
 
@@ -198,6 +207,9 @@ def assert_one_tree(trace: list[SeenSpan], caller_span: str = "") -> SeenSpan:
     assert root.service == GATEWAY and root.kind == PbSpan.SPAN_KIND_SERVER, tree(trace)
     by_id = {s.span_id: s for s in trace}
     genai = one(trace, GATEWAY, GENAI)
+    if root is not genai:  # the framework's server span, named after the route (semantic conventions)
+        route = {"chat": "/v1/chat/completions", "responses": "/v1/responses"}[str(genai.attributes["chorus.api"])]
+        assert (root.name, root.attributes.get("http.route")) == (f"POST {route}", route)
     above = genai
     while above is not root:  # only the gateway's own (framework) spans above the GenAI span
         above = by_id[above.parent_id]
@@ -384,7 +396,9 @@ async def test_the_callers_traceparent_is_continued(traced: RunningStack, receiv
         extra_headers={"traceparent": f"00-{trace_id}-{caller_span}-01"},
     )
     trace = await receiver.trace_of(
-        completion.id, {(GATEWAY, GENAI): 1, (ENCODER, "render"): 1, (DISPATCHER, ENGINE): 1, (PARSER, "parse"): 1}
+        completion.id,
+        {(GATEWAY, GENAI): 1, (ENCODER, "render"): 1, (DISPATCHER, ENGINE): 1, (PARSER, "parse"): 1},
+        caller_span,
     )
     genai = assert_one_tree(trace, caller_span)
     assert genai.trace_id == trace_id
