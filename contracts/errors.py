@@ -18,6 +18,15 @@ class ErrorCode(StrEnum):
     UNKNOWN_PARAMETER = "unknown_parameter"
     INVALID_TYPE = "invalid_type"
     INVALID_VALUE = "invalid_value"
+    INTEGER_BELOW_MIN_VALUE = "integer_below_min_value"
+    INTEGER_ABOVE_MAX_VALUE = "integer_above_max_value"
+    DECIMAL_BELOW_MIN_VALUE = "decimal_below_min_value"
+    DECIMAL_ABOVE_MAX_VALUE = "decimal_above_max_value"
+    EMPTY_ARRAY = "empty_array"
+    ARRAY_BELOW_MIN_LENGTH = "array_below_min_length"
+    ARRAY_ABOVE_MAX_LENGTH = "array_above_max_length"
+    STRING_BELOW_MIN_LENGTH = "string_below_min_length"
+    STRING_ABOVE_MAX_LENGTH = "string_above_max_length"
     INVALID_API_KEY = "invalid_api_key"
     REQUEST_TOO_LARGE = "request_too_large"
     UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"
@@ -48,6 +57,15 @@ _HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNKNOWN_PARAMETER: 400,
     ErrorCode.INVALID_TYPE: 400,
     ErrorCode.INVALID_VALUE: 400,
+    ErrorCode.INTEGER_BELOW_MIN_VALUE: 400,
+    ErrorCode.INTEGER_ABOVE_MAX_VALUE: 400,
+    ErrorCode.DECIMAL_BELOW_MIN_VALUE: 400,
+    ErrorCode.DECIMAL_ABOVE_MAX_VALUE: 400,
+    ErrorCode.EMPTY_ARRAY: 400,
+    ErrorCode.ARRAY_BELOW_MIN_LENGTH: 400,
+    ErrorCode.ARRAY_ABOVE_MAX_LENGTH: 400,
+    ErrorCode.STRING_BELOW_MIN_LENGTH: 400,
+    ErrorCode.STRING_ABOVE_MAX_LENGTH: 400,
     ErrorCode.INVALID_API_KEY: 401,
     ErrorCode.REQUEST_TOO_LARGE: 413,
     ErrorCode.UNSUPPORTED_MEDIA_TYPE: 415,

@@ -99,7 +99,64 @@ def json_type(value: Any) -> str:
     return "an array" if isinstance(value, list) else "an object"
 
 
-def problem(kind: str, param: str, msg: str, given: Any) -> tuple[ErrorCode, str]:
+# pydantic's errors of a number past a bound: the bound's key, its side, OpenAI's comparison
+BOUNDS = {
+    "greater_than_equal": ("ge", "below", ">="),
+    "greater_than": ("gt", "below", ">"),
+    "less_than_equal": ("le", "above", "<="),
+    "less_than": ("lt", "above", "<"),
+}
+
+
+def _number(value: Any) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def out_of_bounds(kind: str, param: str, ctx: dict[str, Any], given: Any) -> tuple[ErrorCode, str] | None:
+    """A number, array or string past a bound, in OpenAI's codes and words. A number field's
+    kind is told by its bound: a float bound is a decimal field (the request models write
+    ``ge=0.0`` for those), an int bound an integer one."""
+    if kind in BOUNDS:
+        key, side, op = BOUNDS[kind]
+        bound = ctx.get(key)
+        number = "decimal" if isinstance(bound, float) else "integer"
+        code = ErrorCode(f"{number}_{side}_{'min' if side == 'below' else 'max'}_value")
+        limit = "minimum" if side == "below" else "maximum"
+        return code, (
+            f"Invalid '{param}': {number} {side} {limit} value. "
+            f"Expected a value {op} {_number(bound)}, but got {_number(given)} instead."
+        )
+    if kind in ("too_short", "too_long") and ctx.get("field_type") == "List":
+        actual = ctx.get("actual_length")
+        if kind == "too_long":
+            return ErrorCode.ARRAY_ABOVE_MAX_LENGTH, (
+                f"Invalid '{param}': array too long. Expected an array with maximum length "
+                f"{ctx.get('max_length')}, but got an array with length {actual} instead."
+            )
+        if actual == 0:
+            return ErrorCode.EMPTY_ARRAY, (
+                f"Invalid '{param}': empty array. Expected an array with minimum length "
+                f"{ctx.get('min_length')}, but got an empty array instead."
+            )
+        return ErrorCode.ARRAY_BELOW_MIN_LENGTH, (
+            f"Invalid '{param}': array too short. Expected an array with minimum length "
+            f"{ctx.get('min_length')}, but got an array with length {actual} instead."
+        )
+    if kind == "string_too_long":
+        return ErrorCode.STRING_ABOVE_MAX_LENGTH, (
+            f"Invalid '{param}': string too long. Expected a string with maximum length "
+            f"{ctx.get('max_length')}, but got a string with length {len(str(given))} instead."
+        )
+    if kind == "string_too_short":
+        got = "an empty string" if given == "" else f"a string with length {len(str(given))}"
+        return ErrorCode.STRING_BELOW_MIN_LENGTH, (
+            f"Invalid '{param}': string too short. Expected a string with minimum length "
+            f"{ctx.get('min_length')}, but got {got} instead."
+        )
+    return None
+
+
+def problem(kind: str, param: str, msg: str, given: Any, ctx: dict[str, Any] | None = None) -> tuple[ErrorCode, str]:
     """A validation error as OpenAI reports it: its code and message."""
     if kind == "extra_forbidden":
         return ErrorCode.UNKNOWN_PARAMETER, f"Unrecognized request argument supplied: {param}"
@@ -110,6 +167,8 @@ def problem(kind: str, param: str, msg: str, given: Any) -> tuple[ErrorCode, str
             ErrorCode.INVALID_TYPE,
             f"Invalid type for '{param}': expected {expected}, but got {json_type(given)} instead.",
         )
+    if (bounded := out_of_bounds(kind, param, ctx or {}, given)) is not None:
+        return bounded
     return ErrorCode.INVALID_VALUE, f"Invalid value for '{param}': {msg}"
 
 
@@ -125,7 +184,9 @@ def validate(data: Any, model: type[M], *, ignore_unknown: bool = False) -> M:
         # pydantic reports every union branch; the deepest error is the most specific one
         first = max(errors, key=lambda e: len(e.get("loc", ())))
         param = param_of(tuple(first.get("loc", ())), data)
-        code, message = problem(str(first.get("type", "")), param, str(first.get("msg", "invalid")), first.get("input"))
+        code, message = problem(
+            str(first.get("type", "")), param, str(first.get("msg", "invalid")), first.get("input"), first.get("ctx")
+        )
         raise invalid(message, param or None, code) from None
 
 

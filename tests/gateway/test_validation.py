@@ -1,6 +1,7 @@
 """A request body that does not validate is a 400 in OpenAI's own terms: the code
-(missing_required_parameter, unknown_parameter, invalid_type, invalid_value), the parameter's
-path, and a message in OpenAI's wording."""
+(missing_required_parameter, unknown_parameter, invalid_type, the bounds' own codes such as
+decimal_above_max_value or empty_array, invalid_value), the parameter's path, and a message in
+OpenAI's wording."""
 
 from __future__ import annotations
 
@@ -48,9 +49,78 @@ CASES: list[tuple[type[BaseModel], dict[str, Any], ErrorCode, str, str]] = [
     (
         ChatRequest,
         {"model": "m", "messages": HI, "temperature": 9},
-        ErrorCode.INVALID_VALUE,
+        ErrorCode.DECIMAL_ABOVE_MAX_VALUE,
         "temperature",
-        "Invalid value for 'temperature': Input should be less than or equal to 2",
+        "Invalid 'temperature': decimal above maximum value. Expected a value <= 2, but got 9 instead.",
+    ),
+    (
+        ChatRequest,
+        {"model": "m", "messages": HI, "top_p": 0},
+        ErrorCode.DECIMAL_BELOW_MIN_VALUE,
+        "top_p",
+        "Invalid 'top_p': decimal below minimum value. Expected a value > 0, but got 0 instead.",
+    ),
+    (
+        ChatRequest,
+        {"model": "m", "messages": HI, "frequency_penalty": -2.5},
+        ErrorCode.DECIMAL_BELOW_MIN_VALUE,
+        "frequency_penalty",
+        "Invalid 'frequency_penalty': decimal below minimum value. Expected a value >= -2, but got -2.5 instead.",
+    ),
+    (
+        ChatRequest,
+        {"model": "m", "messages": HI, "max_tokens": 0},
+        ErrorCode.INTEGER_BELOW_MIN_VALUE,
+        "max_tokens",
+        "Invalid 'max_tokens': integer below minimum value. Expected a value >= 1, but got 0 instead.",
+    ),
+    (
+        ResponsesRequest,
+        {"model": "m", "input": "hi", "top_logprobs": 21},
+        ErrorCode.INTEGER_ABOVE_MAX_VALUE,
+        "top_logprobs",
+        "Invalid 'top_logprobs': integer above maximum value. Expected a value <= 20, but got 21 instead.",
+    ),
+    (
+        ChatRequest,
+        {"model": "m", "messages": []},
+        ErrorCode.EMPTY_ARRAY,
+        "messages",
+        "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead.",
+    ),
+    (
+        ChatRequest,
+        {
+            "model": "m",
+            "messages": HI,
+            "tools": [{"type": "function", "function": {"name": f"t{i}"}} for i in range(513)],
+        },
+        ErrorCode.ARRAY_ABOVE_MAX_LENGTH,
+        "tools",
+        "Invalid 'tools': array too long. Expected an array with maximum length 512, but got an array with length 513"
+        " instead.",
+    ),
+    (
+        ChatRequest,
+        {"model": "", "messages": HI},
+        ErrorCode.STRING_BELOW_MIN_LENGTH,
+        "model",
+        "Invalid 'model': string too short. Expected a string with minimum length 1, but got an empty string instead.",
+    ),
+    (
+        ChatRequest,
+        {"model": "m", "messages": HI, "user": "u" * 513},
+        ErrorCode.STRING_ABOVE_MAX_LENGTH,
+        "user",
+        "Invalid 'user': string too long. Expected a string with maximum length 512, but got a string with length 513"
+        " instead.",
+    ),
+    (
+        ChatRequest,
+        {"model": "m", "messages": HI, "metadata": {f"k{i}": "v" for i in range(17)}},
+        ErrorCode.INVALID_VALUE,
+        "metadata",
+        "Invalid value for 'metadata': ",
     ),
     (
         ChatRequest,

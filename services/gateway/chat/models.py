@@ -124,8 +124,8 @@ class ChatRequest(ApiRequest):
     parallel_tool_calls: bool | None = None
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     stop: (
         Annotated[str, Field(max_length=256)]
         | Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=16)]

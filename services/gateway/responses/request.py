@@ -353,8 +353,8 @@ class ResponsesRequest(ApiRequest):
     text: TextParam | None = None
     max_output_tokens: Annotated[int, Field(ge=1)] | None = None
     max_tool_calls: Annotated[int, Field(ge=0)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     store: bool | None = None
     background: bool | None = None
     stream: bool | None = None
