@@ -135,6 +135,11 @@ class Bus:
         return cls(nc, subjects)
 
     # sending ----------------------------------------------------------------------------
+    @property
+    def sends_nowait(self) -> bool:
+        """Whether ``publish_nowait`` can write at all (a ``Wire`` connection; nats-py cannot)."""
+        return isinstance(self.nc, Wire)
+
     def publish_nowait(self, subject: str, msg: BaseModel) -> bool:
         """Send ``msg`` in this step, if it can be (a ``Wire`` connection, a payload under the
         limit): True when it was written, False when ``publish`` has to take it."""
@@ -373,7 +378,7 @@ class Outbox(Generic[T, F]):
     def _send_now(self) -> bool:
         """Everything waiting, sent in this step if the bus can (else the task sends it): never
         while an earlier frame is still on its way, which it would overtake."""
-        if self._sending:
+        if self._sending or not self.bus.sends_nowait:  # (nats-py: the task sends it; no frame built twice)
             return False
         items = self._items
         try:

@@ -23,6 +23,10 @@ class FakeBus:
         self.sent: list[tuple[float, list[int]]] = []
         self.sends_now = sends_now
 
+    @property
+    def sends_nowait(self) -> bool:
+        return self.sends_now
+
     async def publish(self, subject: str, msg: BaseModel | bytes, headers: dict[str, str] | None = None) -> None:
         assert isinstance(msg, Frame)
         self.sent.append((asyncio.get_running_loop().time(), msg.items))
@@ -148,4 +152,22 @@ async def test_an_urgent_item_never_overtakes_a_frame_still_on_its_way() -> None
     bus.gate.set()
     await settle()
     assert [items for _, items in bus.sent] == [[1, 2, 3], [4]]
+    await box.close()
+
+
+async def test_a_bus_that_cannot_send_at_once_gets_each_frame_built_once() -> None:
+    """On a nats-py connection (tls://) an urgent item goes out from the task: the frame is
+    built there, not also in the caller's step for nothing."""
+    built: list[list[int]] = []
+
+    def frame(items: list[int]) -> Frame:
+        built.append(list(items))
+        return Frame(items=items)
+
+    bus = FakeBus(sends_now=False)
+    box: Outbox[int, Frame] = Outbox(cast(Bus, bus), "s", frame, window=0.0)
+    box.put(1, urgent=True)
+    await settle()
+    assert [items for _, items in bus.sent] == [[1]]
+    assert built == [[1]]
     await box.close()

@@ -38,6 +38,7 @@ class SentBus:
     def __init__(self) -> None:
         self.subjects = Subjects("t")
         self.sent: list[tuple[str, BaseModel | bytes]] = []
+        self.sends_nowait = True
 
     async def publish(self, subject: str, msg: BaseModel | bytes, headers: dict[str, str] | None = None) -> None:
         self.sent.append((subject, msg))
