@@ -7,14 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
 import pytest
 from pydantic import BaseModel
 
 from contracts.errors import ErrorCode
+from services.gateway import validation
 from services.gateway.chat.models import ChatRequest
 from services.gateway.errors import ApiError
 from services.gateway.responses.request import ResponsesRequest
-from services.gateway.validation import json_type, parse_body, validate
+from services.gateway.validation import MAX_DEPTH, depth, json_type, parse_body, parse_json, validate
 
 HI = [{"role": "user", "content": "hi"}]
 CASES: list[tuple[type[BaseModel], dict[str, Any], ErrorCode, str, str]] = [
@@ -169,3 +171,53 @@ def test_what_is_not_a_json_object_is_the_generic_invalid_request() -> None:
         with pytest.raises(ApiError) as raised:
             parse_body(raw, ChatRequest)
         assert raised.value.error.code == ErrorCode.INVALID_REQUEST
+
+
+def nested(levels: int) -> Any:
+    value: Any = []
+    for i in range(levels - 1):
+        value = [value] if i % 2 else {"k": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, 0),
+        ("s", 0),
+        ([], 1),
+        ({}, 1),
+        ({"a": 1, "b": "x"}, 1),
+        ([1, [2, [3]], {"a": {"b": []}}], 4),
+        ({"a": [[[]]], "b": {"c": [{}]}}, 4),
+        (nested(MAX_DEPTH), MAX_DEPTH),
+        (nested(MAX_DEPTH + 1), MAX_DEPTH + 1),
+        (nested(10_000), MAX_DEPTH + 1),  # counted no further than the limit, without recursion
+    ],
+)
+def test_depth_counts_the_deepest_nesting(value: Any, expected: int) -> None:
+    assert depth(value) == expected
+
+
+def test_a_body_nesting_past_the_limit_is_refused_and_one_at_it_is_not() -> None:
+    at_limit = orjson.dumps({"model": "m", "metadata": nested(MAX_DEPTH - 1)})
+    assert depth(parse_json(at_limit)) == MAX_DEPTH
+    with pytest.raises(ApiError) as raised:
+        parse_json(orjson.dumps({"model": "m", "metadata": nested(MAX_DEPTH)}))
+    assert raised.value.error.message == f"The request body nests JSON deeper than {MAX_DEPTH} levels."
+    brackets_in_text = orjson.dumps({"content": "[" * 1000})  # many brackets, all in a string
+    assert parse_json(brackets_in_text) == {"content": "[" * 1000}
+
+
+def test_a_body_with_fewer_brackets_than_the_limit_is_not_walked(monkeypatch: pytest.MonkeyPatch) -> None:
+    walked: list[Any] = []
+
+    def counted(value: Any) -> int:
+        walked.append(value)
+        return 1
+
+    monkeypatch.setattr(validation, "depth", counted)
+    parse_json(orjson.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}))
+    assert walked == []  # every chat request of a few messages: no walk at all
+    parse_json(orjson.dumps({"model": "m", "input": [{"role": "user", "content": "hi"}] * MAX_DEPTH}))
+    assert len(walked) == 1
