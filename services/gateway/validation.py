@@ -101,12 +101,13 @@ def json_type(value: Any) -> str:
     return "an array" if isinstance(value, list) else "an object"
 
 
-# pydantic's errors of a number past a bound: the bound's key, its side, OpenAI's comparison
+# pydantic's errors of a number past a bound: the bound's key, OpenAI's comparison, and the
+# side as OpenAI's code and message name it
 BOUNDS = {
-    "greater_than_equal": ("ge", "below", ">="),
-    "greater_than": ("gt", "below", ">"),
-    "less_than_equal": ("le", "above", "<="),
-    "less_than": ("lt", "above", "<"),
+    "greater_than_equal": ("ge", ">=", "below_min", "below minimum"),
+    "greater_than": ("gt", ">", "below_min", "below minimum"),
+    "less_than_equal": ("le", "<=", "above_max", "above maximum"),
+    "less_than": ("lt", "<", "above_max", "above maximum"),
 }
 
 
@@ -119,13 +120,11 @@ def out_of_bounds(kind: str, param: str, ctx: dict[str, Any], given: Any) -> tup
     kind is told by its bound: a float bound is a decimal field (the request models write
     ``ge=0.0`` for those), an int bound an integer one."""
     if kind in BOUNDS:
-        key, side, op = BOUNDS[kind]
+        key, op, side, words = BOUNDS[kind]
         bound = ctx.get(key)
         number = "decimal" if isinstance(bound, float) else "integer"
-        code = ErrorCode(f"{number}_{side}_{'min' if side == 'below' else 'max'}_value")
-        limit = "minimum" if side == "below" else "maximum"
-        return code, (
-            f"Invalid '{param}': {number} {side} {limit} value. "
+        return ErrorCode(f"{number}_{side}_value"), (
+            f"Invalid '{param}': {number} {words} value. "
             f"Expected a value {op} {_number(bound)}, but got {_number(given)} instead."
         )
     if kind in ("too_short", "too_long") and ctx.get("field_type") == "List":
