@@ -9,6 +9,10 @@ output.py)."""
 
 from __future__ import annotations
 
+import functools
+import typing
+from typing import Any, TypeVar
+
 from openai.types.responses import (
     ResponseContentPartAddedEvent,
     ResponseContentPartDoneEvent,
@@ -42,6 +46,7 @@ from openai.types.responses.response_content_part_added_event import PartReasoni
 from openai.types.responses.response_content_part_done_event import PartReasoningText as DoneReasoningText
 from openai.types.responses.response_reasoning_summary_part_added_event import Part as AddedSummary
 from openai.types.responses.response_reasoning_summary_part_done_event import Part as DoneSummary
+from pydantic import BaseModel
 
 from contracts.messages.items import (
     ConversationItem,
@@ -56,7 +61,15 @@ from contracts.messages.parse import ItemAdded, ItemDelta, ItemDone, ParseEvent
 from services.gateway.responses.output import ItemView, Open, Output
 
 Event = ResponseStreamEvent
+E = TypeVar("E", bound=BaseModel)
 BUILTIN_NAMESPACES = ("browser", "python", "container")
+
+
+@functools.cache
+def event_type(kind: type[BaseModel]) -> str:
+    """An event class's ``type``: the one value its Literal allows."""
+    (value,) = typing.get_args(kind.model_fields["type"].annotation)
+    return str(value)
 
 
 class EventWriter:
@@ -72,6 +85,10 @@ class EventWriter:
         n = self.out.seq
         self.out.seq += 1
         return n
+
+    def _event(self, kind: type[E], item_id: str, index: int, **fields: Any) -> E:
+        """An event about one item: its type, the next sequence number, the item's id and index."""
+        return kind(type=event_type(kind), sequence_number=self.seq(), item_id=item_id, output_index=index, **fields)
 
     # parser events ----------------------------------------------------------------------
     def handle(self, event: ParseEvent) -> list[Event]:
@@ -101,61 +118,37 @@ class EventWriter:
             )
         ]
         if isinstance(item, McpCallItem):
-            out.append(
-                ResponseMcpCallInProgressEvent(
-                    type="response.mcp_call.in_progress",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                )
-            )
+            out.append(self._event(ResponseMcpCallInProgressEvent, item_id, index))
         elif isinstance(item, FunctionCallItem) and item.namespace == "browser":
-            out.append(
-                ResponseWebSearchCallInProgressEvent(
-                    type="response.web_search_call.in_progress",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                )
-            )
+            out.append(self._event(ResponseWebSearchCallInProgressEvent, item_id, index))
         elif isinstance(item, McpListToolsItem):
-            out.append(
-                ResponseMcpListToolsInProgressEvent(
-                    type="response.mcp_list_tools.in_progress",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                )
-            )
+            out.append(self._event(ResponseMcpListToolsInProgressEvent, item_id, index))
         elif isinstance(item, ReasoningItem):
             out.append(
-                ResponseContentPartAddedEvent(
-                    type="response.content_part.added",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
+                self._event(
+                    ResponseContentPartAddedEvent,
+                    item_id,
+                    index,
                     content_index=0,
                     part=AddedReasoningText(type="reasoning_text", text=""),
                 )
             )
             if self.view.summary:
                 out.append(
-                    ResponseReasoningSummaryPartAddedEvent(
-                        type="response.reasoning_summary_part.added",
-                        sequence_number=self.seq(),
-                        item_id=item_id,
-                        output_index=index,
+                    self._event(
+                        ResponseReasoningSummaryPartAddedEvent,
+                        item_id,
+                        index,
                         summary_index=0,
                         part=AddedSummary(type="summary_text", text=""),
                     )
                 )
         elif isinstance(item, MessageItem):
             out.append(
-                ResponseContentPartAddedEvent(
-                    type="response.content_part.added",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
+                self._event(
+                    ResponseContentPartAddedEvent,
+                    item_id,
+                    index,
                     content_index=0,
                     part=ResponseOutputText(type="output_text", text="", annotations=[], logprobs=[]),
                 )
@@ -172,59 +165,19 @@ class EventWriter:
         item_id = getattr(item, "id", None) or ""
         if isinstance(item, ReasoningItem):
             out: list[Event] = [
-                ResponseReasoningTextDeltaEvent(
-                    type="response.reasoning_text.delta",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                    content_index=0,
-                    delta=delta,
-                )
+                self._event(ResponseReasoningTextDeltaEvent, item_id, index, content_index=0, delta=delta)
             ]
             if self.view.summary:
                 out.append(
-                    ResponseReasoningSummaryTextDeltaEvent(
-                        type="response.reasoning_summary_text.delta",
-                        sequence_number=self.seq(),
-                        item_id=item_id,
-                        output_index=index,
-                        summary_index=0,
-                        delta=delta,
-                    )
+                    self._event(ResponseReasoningSummaryTextDeltaEvent, item_id, index, summary_index=0, delta=delta)
                 )
             return out
         if isinstance(item, MessageItem):
-            return [
-                ResponseTextDeltaEvent(
-                    type="response.output_text.delta",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                    content_index=0,
-                    delta=delta,
-                    logprobs=[],
-                )
-            ]
+            return [self._event(ResponseTextDeltaEvent, item_id, index, content_index=0, delta=delta, logprobs=[])]
         if isinstance(item, FunctionCallItem) and item.namespace != "browser":
-            return [
-                ResponseFunctionCallArgumentsDeltaEvent(
-                    type="response.function_call_arguments.delta",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                    delta=delta,
-                )
-            ]
+            return [self._event(ResponseFunctionCallArgumentsDeltaEvent, item_id, index, delta=delta)]
         if isinstance(item, McpCallItem):
-            return [
-                ResponseMcpCallArgumentsDeltaEvent(
-                    type="response.mcp_call_arguments.delta",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                    delta=delta,
-                )
-            ]
+            return [self._event(ResponseMcpCallArgumentsDeltaEvent, item_id, index, delta=delta)]
         return []
 
     def _done(self, local: int, item: ConversationItem) -> list[Event]:
@@ -235,65 +188,38 @@ class EventWriter:
         self.out.open.pop(index, None)
         item_id = getattr(item, "id", None) or ""
         if isinstance(item, ReasoningItem):
+            out.append(self._event(ResponseReasoningTextDoneEvent, item_id, index, content_index=0, text=item.text))
             out.append(
-                ResponseReasoningTextDoneEvent(
-                    type="response.reasoning_text.done",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                    content_index=0,
-                    text=item.text,
-                )
-            )
-            out.append(
-                ResponseContentPartDoneEvent(
-                    type="response.content_part.done",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
+                self._event(
+                    ResponseContentPartDoneEvent,
+                    item_id,
+                    index,
                     content_index=0,
                     part=DoneReasoningText(type="reasoning_text", text=item.text),
                 )
             )
             if self.view.summary:
                 out.append(
-                    ResponseReasoningSummaryTextDoneEvent(
-                        type="response.reasoning_summary_text.done",
-                        sequence_number=self.seq(),
-                        item_id=item_id,
-                        output_index=index,
-                        summary_index=0,
-                        text=item.text,
-                    )
+                    self._event(ResponseReasoningSummaryTextDoneEvent, item_id, index, summary_index=0, text=item.text)
                 )
                 out.append(
-                    ResponseReasoningSummaryPartDoneEvent(
-                        type="response.reasoning_summary_part.done",
-                        sequence_number=self.seq(),
-                        item_id=item_id,
-                        output_index=index,
+                    self._event(
+                        ResponseReasoningSummaryPartDoneEvent,
+                        item_id,
+                        index,
                         summary_index=0,
                         part=DoneSummary(type="summary_text", text=item.text),
                     )
                 )
         elif isinstance(item, MessageItem):
             out.append(
-                ResponseTextDoneEvent(
-                    type="response.output_text.done",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                    content_index=0,
-                    text=item.content,
-                    logprobs=[],
-                )
+                self._event(ResponseTextDoneEvent, item_id, index, content_index=0, text=item.content, logprobs=[])
             )
             out.append(
-                ResponseContentPartDoneEvent(
-                    type="response.content_part.done",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
+                self._event(
+                    ResponseContentPartDoneEvent,
+                    item_id,
+                    index,
                     content_index=0,
                     part=ResponseOutputText(type="output_text", text=item.content, annotations=[], logprobs=[]),
                 )
@@ -313,46 +239,21 @@ class EventWriter:
             )  # ``name`` as OpenAI sends it (not in openai-python's type)
         elif isinstance(item, FunctionCallItem) and item.status != "incomplete":  # browser
             # the search runs next (when a browser is configured); it is done after that
-            out.append(
-                ResponseWebSearchCallSearchingEvent(
-                    type="response.web_search_call.searching",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                )
-            )
+            out.append(self._event(ResponseWebSearchCallSearchingEvent, item_id, index))
             self.searching[index] = item
             return out
         elif isinstance(item, McpCallItem) and item.output is None and item.error is None:
             # the model has called it; it runs next, and its output_item.done comes after that
-            out.append(
-                ResponseMcpCallArgumentsDoneEvent(
-                    type="response.mcp_call_arguments.done",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                    arguments=item.arguments,
-                )
-            )
+            out.append(self._event(ResponseMcpCallArgumentsDoneEvent, item_id, index, arguments=item.arguments))
             self.called_mcp.append((index, item))
             return out
         elif isinstance(item, McpCallItem):
             out.append(self._mcp_outcome(index, item))
         elif isinstance(item, McpListToolsItem):
             out.append(
-                ResponseMcpListToolsFailedEvent(
-                    type="response.mcp_list_tools.failed",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                )
+                self._event(ResponseMcpListToolsFailedEvent, item_id, index)
                 if item.error
-                else ResponseMcpListToolsCompletedEvent(
-                    type="response.mcp_list_tools.completed",
-                    sequence_number=self.seq(),
-                    item_id=item_id,
-                    output_index=index,
-                )
+                else self._event(ResponseMcpListToolsCompletedEvent, item_id, index)
             )
         out.append(self._item_done(index, item))
         return out
@@ -368,12 +269,8 @@ class EventWriter:
 
     def _mcp_outcome(self, index: int, item: McpCallItem) -> Event:
         if item.error:
-            return ResponseMcpCallFailedEvent(
-                type="response.mcp_call.failed", sequence_number=self.seq(), item_id=item.id, output_index=index
-            )
-        return ResponseMcpCallCompletedEvent(
-            type="response.mcp_call.completed", sequence_number=self.seq(), item_id=item.id, output_index=index
-        )
+            return self._event(ResponseMcpCallFailedEvent, item.id, index)
+        return self._event(ResponseMcpCallCompletedEvent, item.id, index)
 
     # items Chorus completes or makes itself ----------------------------------------------
     def complete_mcp(self, index: int, item: McpCallItem) -> list[Event]:
@@ -387,14 +284,7 @@ class EventWriter:
             return []
         out: list[Event] = []
         if ok:
-            out.append(
-                ResponseWebSearchCallCompletedEvent(
-                    type="response.web_search_call.completed",
-                    sequence_number=self.seq(),
-                    item_id=item.id or "",
-                    output_index=index,
-                )
-            )
+            out.append(self._event(ResponseWebSearchCallCompletedEvent, item.id or "", index))
         out.append(self._item_done(index, item, failed=not ok))
         return out
 
