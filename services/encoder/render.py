@@ -21,7 +21,6 @@ from openai_harmony import (
     ReasoningEffort,
     Role,
     SystemContent,
-    TextContent,
     ToolDescription,
     ToolNamespaceConfig,
 )
@@ -51,6 +50,32 @@ class EncodedPrompt:
     stop_token_ids: list[int]
     selection_text: str  # the last user message's text, for worker selection
     render_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """A conversation message without its content: what its rendered header and terminator
+    depend on (the renderer caches them by it, and encodes the content in between)."""
+
+    role: Role
+    channel: str | None = None
+    recipient: str | None = None
+    tool: str | None = None  # the author's name: the tool whose output this is
+    content_type: str | None = None
+
+    def message(self, content: str = "") -> Message:
+        author = Author.new(self.role, self.tool) if self.tool is not None else Author(role=self.role)
+        message = Message.from_author_and_content(author, content)
+        if self.channel is not None:
+            message = message.with_channel(self.channel)
+        if self.recipient is not None:
+            message = message.with_recipient(self.recipient)
+        if self.content_type is not None:
+            message = message.with_content_type(self.content_type)
+        return message
+
+
+USER = Frame(Role.USER)
 
 
 class RenderError(Exception):
@@ -272,21 +297,12 @@ def _recipient(namespace: str, name: str) -> str:
     return f"{namespace}.{name}"
 
 
-def _call(recipient: str, arguments: str) -> Message:
-    return (
-        Message.from_role_and_content(Role.ASSISTANT, arguments)
-        .with_channel("commentary")
-        .with_recipient(recipient)
-        .with_content_type(JSON_CONTENT_TYPE)
-    )
+def _call(recipient: str) -> Frame:
+    return Frame(Role.ASSISTANT, channel="commentary", recipient=recipient, content_type=JSON_CONTENT_TYPE)
 
 
-def _tool_output(recipient: str, output: str) -> Message:
-    return (
-        Message.from_author_and_content(Author.new(Role.TOOL, recipient), output)
-        .with_recipient("assistant")
-        .with_channel("commentary")
-    )
+def _tool_output(tool: str) -> Frame:
+    return Frame(Role.TOOL, channel="commentary", recipient="assistant", tool=tool)
 
 
 def _kept(items: list[ConversationItem]) -> list[ConversationItem]:
@@ -303,7 +319,7 @@ def conversation_messages(req: EncodeRequest, today: dt.date, knowledge_cutoff: 
     """The whole Harmony conversation (the reference rendering, and tests, use it). A response
     format is not among its messages: openai-harmony cannot express it (``prefix_tokens``)."""
     prefix = prefix_messages(req, today, knowledge_cutoff)
-    return [*prefix, *(_with_content(m, text) for m, text in body_messages(req))]
+    return [*prefix, *(frame.message(text) for frame, text in body_messages(req))]
 
 
 def prefix_messages(req: EncodeRequest, today: dt.date, knowledge_cutoff: str) -> list[Message]:
@@ -330,48 +346,38 @@ def prefix_tokens(
     return tokens
 
 
-def body_messages(req: EncodeRequest) -> list[tuple[Message, str]]:
-    """The conversation after the developer message: each message with EMPTY content, and its
-    content text (rendered separately, in linear time)."""
-    messages: list[tuple[Message, str]] = []
+def body_messages(req: EncodeRequest) -> list[tuple[Frame, str]]:
+    """The conversation after the developer message: each message's frame, and its content text
+    (rendered separately, in linear time)."""
+    messages: list[tuple[Frame, str]] = []
     recipients: dict[str, str] = {}  # call_id -> recipient, for tool outputs
     for item in _kept(list(req.items)):
         if isinstance(item, MessageItem):
             if item.role == "user":
-                messages.append((Message.from_role_and_content(Role.USER, ""), item.content))
+                messages.append((USER, item.content))
             elif item.role == "assistant":
-                messages.append(
-                    (
-                        Message.from_role_and_content(Role.ASSISTANT, "").with_channel(item.channel or "final"),
-                        item.content,
-                    )
-                )
+                messages.append((Frame(Role.ASSISTANT, channel=item.channel or "final"), item.content))
             # system / developer items went into the developer message
         elif isinstance(item, ReasoningItem):
             if item.text:
-                messages.append((Message.from_role_and_content(Role.ASSISTANT, "").with_channel("analysis"), item.text))
+                messages.append((Frame(Role.ASSISTANT, channel="analysis"), item.text))
         elif isinstance(item, FunctionCallItem):
             recipient = _recipient(item.namespace, item.name)
             recipients[item.call_id] = recipient
-            messages.append((_call(recipient, ""), item.arguments or "{}"))
+            messages.append((_call(recipient), item.arguments or "{}"))
         elif isinstance(item, FunctionCallOutputItem):
             author = recipients.get(item.call_id)
             if author is None:
                 raise invalid(f"No tool call found for function call output with call_id '{item.call_id}'.", "input")
-            messages.append((_tool_output(author, ""), item.output))
+            messages.append((_tool_output(author), item.output))
         elif isinstance(item, McpCallItem):
             recipient = _recipient(item.server_label, item.name)
-            messages.append((_call(recipient, ""), item.arguments or "{}"))
+            messages.append((_call(recipient), item.arguments or "{}"))
             result = item.output if item.error is None else f"Error: {item.error}"
             if result is not None:
-                messages.append((_tool_output(recipient, ""), result))
+                messages.append((_tool_output(recipient), result))
         # mcp_list_tools and approval items are bookkeeping, not prompt text
     return messages
-
-
-def _with_content(message: Message, text: str) -> Message:
-    message.content = [TextContent(text=text)]
-    return message
 
 
 def selection_text(items: Iterable[ConversationItem]) -> str:

@@ -11,13 +11,14 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from openai_harmony import HarmonyEncoding, Message, Role
+from openai_harmony import HarmonyEncoding, Role
 
 from contracts.messages.encode import EncodeRequest
 from contracts.messages.items import CompactionItem, MessageItem
 from services.common.harmony import ASSISTANT_STOP_TOKENS, START
 from services.encoder.render import (
     EncodedPrompt,
+    Frame,
     PastLimit,
     RenderError,
     body_messages,
@@ -50,7 +51,7 @@ class Renderer:
         self.cutoff = knowledge_cutoff
         self.cache_size = cache_size
         self._prefixes: OrderedDict[str, list[int]] = OrderedDict()
-        self._frames: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
+        self._frames: OrderedDict[Frame, tuple[list[int], int]] = OrderedDict()
         # message contents already encoded, by text (an agent loop re-sends its whole history
         # each turn: only the new messages are encoded), at most ``text_budget`` characters
         self._texts: OrderedDict[str, array[int]] = OrderedDict()  # 4 bytes a token
@@ -72,8 +73,8 @@ class Renderer:
                 room = limit - 1 - len(tokens) - len(self._assistant) - (reserve or limit // 8)
                 tokens += self._latest(messages, room)
             else:
-                for message, text in messages:
-                    tokens += self.message(message, text, None if limit is None else limit - len(tokens))
+                for frame, text in messages:
+                    tokens += self.message(frame, text, None if limit is None else limit - len(tokens))
                     if limit is not None and len(tokens) >= limit:
                         raise PastLimit
         except PastLimit:
@@ -86,15 +87,15 @@ class Renderer:
             render_ms=(time.perf_counter() - t0) * 1000,
         )
 
-    def _latest(self, messages: list[tuple[Message, str]], room: int) -> list[int]:
+    def _latest(self, messages: list[tuple[Frame, str]], room: int) -> list[int]:
         """The most recent messages that fit in ``room`` tokens, starting at a user message when
         one is among them (a reply or a tool's output without what it answered would mislead the
         model), else at least not at a tool's output; the last message always (``PastLimit`` when
         even it does not fit)."""
         encoded: list[list[int] | None] = []
-        for message, text in messages:
+        for frame, text in messages:
             try:
-                encoded.append(self.message(message, text, max(room, 1)))
+                encoded.append(self.message(frame, text, max(room, 1)))
             except PastLimit:
                 encoded.append(None)  # longer than the room on its own: left out
         start, total = len(encoded), 0
@@ -105,7 +106,7 @@ class Renderer:
             start, total = i, total + len(tokens)
         if encoded and start == len(encoded):
             raise PastLimit
-        roles = [message.author.role for message, _ in messages]
+        roles = [frame.role for frame, _ in messages]
         user = next((i for i in range(start, len(messages)) if roles[i] == Role.USER), None)
         if user is not None:
             start = user
@@ -144,16 +145,15 @@ class Renderer:
             self._prefixes.popitem(last=False)
         return tokens
 
-    def message(self, message: Message, text: str, limit: int | None = None) -> list[int]:
-        """One message: its header and terminator (cached per header), its content between."""
-        key = message.to_json()
-        frame = self._frames.get(key)
-        if frame is None:
-            rendered = self.enc.render(message)
-            frame = self._frames[key] = (rendered[:-1], rendered[-1])
+    def message(self, frame: Frame, text: str, limit: int | None = None) -> list[int]:
+        """One message: its header and terminator (cached per frame), its content between."""
+        rendered = self._frames.get(frame)
+        if rendered is None:
+            tokens = self.enc.render(frame.message())
+            rendered = self._frames[frame] = (tokens[:-1], tokens[-1])
             if len(self._frames) > self.cache_size:
                 self._frames.popitem(last=False)
-        head, terminator = frame
+        head, terminator = rendered
         return [*head, *self.content(text, limit), terminator]
 
     def content(self, text: str, limit: int | None = None) -> Sequence[int]:
