@@ -204,8 +204,8 @@ async def _chunks(
         async for batch in generation.batches():
             out = b"".join(chunks.delta(delta) for delta in state.apply(batch))
             if out:
-                seen.first_output()
                 yield out
+                seen.first_output()  # once the first output is on its way (off its path)
     worker = generation.accepted.worker if generation.accepted else None
     failure = state.failed.error if state.failed is not None else format_failure(state, fmt)
     usage = state.finished.usage if state.finished else None

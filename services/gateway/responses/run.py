@@ -299,11 +299,11 @@ class ResponseRun:
         known = len(generation.tokens)
         async for batch in generation.batches():
             out = self._apply(batch)
-            if self.observed is not None and any(e.type.endswith(".delta") for e in out):
-                self.observed.first_output()
             tokens = generation.tokens[known:]
             known = len(generation.tokens)
             yield Step(out, parsed=batch, tokens=tokens, turn=turn)
+            if self.observed is not None and any(e.type.endswith(".delta") for e in out):
+                self.observed.first_output()  # once the first text is on its way (off its path)
 
     def _opening(self, prelude: list[Event]) -> list[Event]:
         """created and in_progress, then what came before the first turn (MCP listings)."""
