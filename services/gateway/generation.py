@@ -265,8 +265,8 @@ class Generation:
             item = await self._next(timeout)
             failure: str | None = None
             if isinstance(item, ParsedBatch):
-                if not self.tokens and self.attempt == 0:  # the generation's first batch
-                    BUS_HOP.labels("first_batch").observe(time.monotonic() - self.started)
+                # the generation's first batch: how long it took, noted once its events are out
+                first = time.monotonic() - self.started if not self.tokens and self.attempt == 0 else None
                 timeout = self.idle_timeout
                 events: list[ParseEvent] = []
                 batch: ParsedBatch | None = item
@@ -279,6 +279,8 @@ class Generation:
                     batch = None if failure or self.finished else self._more()
                 if events:
                     yield events
+                if first is not None:
+                    BUS_HOP.labels("first_batch").observe(first)
             elif isinstance(item, GenerationAccepted):
                 self.accepted = item
             elif isinstance(item, GenerationFailed):
