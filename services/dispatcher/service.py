@@ -220,8 +220,8 @@ class Dispatcher:
         tokens = self._tokens
 
         def put(batch: TokenBatch, urgent: bool) -> None:
+            tokens.put(subject, batch, urgent=urgent)  # (an urgent batch is sent in this call)
             span.batch(batch)
-            tokens.put(subject, batch, urgent=urgent)
 
         return BatchWriter(put, req)
 
