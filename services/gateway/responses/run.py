@@ -302,8 +302,9 @@ class ResponseRun:
             tokens = generation.tokens[known:]
             known = len(generation.tokens)
             yield Step(out, parsed=batch, tokens=tokens, turn=turn)
-            if self.observed is not None and any(e.type.endswith(".delta") for e in out):
-                self.observed.first_output()  # once the first text is on its way (off its path)
+            seen = self.observed
+            if seen is not None and seen.first is None and any(e.type.endswith(".delta") for e in out):
+                seen.first_output()  # once the first text is on its way (off its path)
 
     def _opening(self, prelude: list[Event]) -> list[Event]:
         """created and in_progress, then what came before the first turn (MCP listings)."""
