@@ -8,7 +8,8 @@ for the request being measured), then alternates single requests at concurrency 
 engine called directly and each stack, in every order in turn, at zero engine delay and
 paced like a real engine. Prints each tree's added TTFT p50 per round. On a shared machine whose
 speed drifts by a millisecond from one run of ``bench_pipeline.py`` to the next, this is what
-shows a change of a tenth of a millisecond: both trees are measured in the same minutes."""
+shows a change of a few tenths of a millisecond (the same code against itself: within 0.2 ms a
+round): both trees are measured in the same minutes."""
 
 from __future__ import annotations
 
