@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from services.common.infra import free_port  # noqa: E402
 
-SERVICES = ("gateway", "encoder", "dispatcher", "parser", "tools")
+SERVICES = ("gateway", "encoder", "dispatcher", "encoder-dispatcher", "parser", "tools")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -52,7 +52,7 @@ def is_service(pid: int) -> bool:
 
 
 def chorus_services(up_pid: int) -> dict[int, str]:
-    """Children of `chorus up` running `serve gateway|encoder|dispatcher|parser|tools`."""
+    """Children of `chorus up` running `serve SERVICE` (one of ``SERVICES``)."""
     found: dict[int, str] = {}
     for pid, cmd in child_pids(up_pid).items():
         service = cmd.split("serve ", 1)[1].split()[0] if "serve " in cmd else ""

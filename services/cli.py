@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from services.common.infra import redact
@@ -24,11 +24,14 @@ SERVICE_MODULES = {
     "gateway": "services.gateway",
     "encoder": "services.encoder",
     "dispatcher": "services.dispatcher",
+    "encoder-dispatcher": "services.encoder_dispatcher",
     "parser": "services.parser",
     "tools": "services.tools",
     "sim-engine": "services.simengine",
 }
 BUS_SERVICES = tuple(s for s in SERVICE_MODULES if s != "sim-engine")
+# what beats on the bus (`chorus ping`): an encoder-dispatcher beats as both of its roles
+ROLES = tuple(s for s in BUS_SERVICES if s != "encoder-dispatcher")
 ENGINE_KINDS = ("vllm", "sglang", "sim", "openai", "openai-chat")
 
 
@@ -148,6 +151,19 @@ def _parse_namespace(value: str) -> str:
     return value
 
 
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            n = int(value)
+        except ValueError:
+            n = minimum - 1
+        if n < minimum:
+            raise argparse.ArgumentTypeError(f"want a whole number of at least {minimum}, got {value!r}")
+        return n
+
+    return parse
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Each option's default after its help, unless there is none to show."""
 
@@ -201,8 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefix of every NATS subject and Redis key (default: $CHORUS_NAMESPACE, "
         "else `chorus` on port 8000 and `chorus-PORT` on another port)",
     )
-    p_up.add_argument("--parser-workers", metavar="N", type=int, default=2, help="parser processes")
-    p_up.add_argument("--dispatchers", metavar="N", type=int, default=1, help="dispatcher processes")
+    p_up.add_argument("--parser-workers", metavar="N", type=_count(1), default=2, help="parser processes")
+    p_up.add_argument("--dispatchers", metavar="N", type=_count(1), default=1, help="dispatcher processes")
+    p_up.add_argument(
+        "--encoders",
+        metavar="N",
+        type=_count(0),
+        default=0,
+        help="encoder processes of their own; 0 (the default): each dispatcher process renders "
+        "prompts too, one bus hop less before the first token",
+    )
     p_up.add_argument(
         "--nats-url",
         metavar="URL",
@@ -249,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p_ping = command("ping", "exit 0 when a replica of SERVICE answers ready on the bus")
-    p_ping.add_argument("service", choices=BUS_SERVICES, help="the service")
+    p_ping.add_argument("service", choices=ROLES, help="the service")
     p_ping.add_argument(
         "--nats-url", metavar="URL", help=f"default: $CHORUS_NATS_URL or $NATS_URL, else {DEFAULT_NATS}"
     )

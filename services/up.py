@@ -197,10 +197,12 @@ def up(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+        # dispatchers render prompts themselves unless encoders of their own are asked for
+        dispatcher = "dispatcher" if args.encoders else "encoder-dispatcher"
         services = [
-            ("encoder", "encoder"),
+            *[(f"encoder-{i + 1}" if args.encoders > 1 else "encoder", "encoder") for i in range(args.encoders)],
             *[
-                (f"dispatcher-{i + 1}" if args.dispatchers > 1 else "dispatcher", "dispatcher")
+                (f"{dispatcher}-{i + 1}" if args.dispatchers > 1 else dispatcher, dispatcher)
                 for i in range(args.dispatchers)
             ],
             *[(f"parser-{i + 1}", "parser") for i in range(args.parser_workers)],

@@ -14,6 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # they start the services: any may be imported
 WIRING = {"services/cli.py", "services/up.py", "services/supervisor.py"}
+# a process that serves several roles composes those services (and imports them)
+COMPOSITES = {"encoder_dispatcher": ("encoder", "dispatcher")}
 MAX_LINES = 500
 CODE = ["contracts", "services", "tests", "bench"]
 
@@ -60,7 +62,8 @@ def allowed_first_party(rel: str) -> tuple[str, ...] | None:
     if rel in WIRING:
         return None
     if len(parts) > 2 and parts[1] != "common":  # services/<name>/...: its own service
-        return ("contracts", "services.common", f"services.{parts[1]}")
+        composed = tuple(f"services.{name}" for name in COMPOSITES.get(parts[1], ()))
+        return ("contracts", "services.common", f"services.{parts[1]}", *composed)
     return ("contracts", "services.common")  # services/common/ and services/__init__.py
 
 
@@ -70,7 +73,8 @@ def within(name: str, prefix: str) -> bool:
 
 def test_import_boundaries() -> None:
     """contracts/ imports no service; a service imports `contracts`, `services.common` and
-    itself, never another service; only the wiring (cli.py, up.py, supervisor.py) imports them all."""
+    itself, never another service (a composite imports the services it runs together); only the
+    wiring (cli.py, up.py, supervisor.py) imports them all."""
     offences = []
     for path in sorted([*(ROOT / "contracts").rglob("*.py"), *(ROOT / "services").rglob("*.py")]):
         rel = path.relative_to(ROOT).as_posix()

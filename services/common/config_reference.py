@@ -51,12 +51,16 @@ SECTIONS = (
     Section(
         "encoder",
         "services.encoder.settings",
-        "Items -> Harmony -> prompt token ids (`chorus serve encoder`), plus the settings every bus service reads.",
+        "Items -> Harmony -> prompt token ids (`chorus serve encoder`, and `chorus serve "
+        "encoder-dispatcher`, which reads these and the dispatcher's), plus the settings every bus "
+        "service reads.",
     ),
     Section(
         "dispatcher",
         "services.dispatcher.settings",
-        "Engine workers and every engine call (`chorus serve dispatcher`), plus the settings every bus service reads.",
+        "Engine workers and every engine call (`chorus serve dispatcher`, and `chorus serve "
+        "encoder-dispatcher`, which reads these and the encoder's), plus the settings every bus "
+        "service reads.",
     ),
     Section(
         "parser",

@@ -66,9 +66,11 @@ class Runtime:
         stop: asyncio.Event | None = None,
         watch: tuple[str, ...] = (),
         nc: Any = None,
+        metrics: bool = True,
     ) -> AsyncIterator[Runtime]:
-        """Connect (or use the faststream broker's connection ``nc``) and listen to the
-        heartbeats of the services in ``watch``."""
+        """Connect (or use a connection ``nc`` this process already has: a faststream broker's,
+        or another role's) and listen to the heartbeats of the services in ``watch``. A process
+        with two roles answers the stack's metrics request once (``metrics`` on one of them)."""
         setup_tracing(service, settings.otlp_endpoint, instance_id=settings.instance_id)
         peers = Peers(dead_after=settings.dead_after_s, gateway_dead_after=settings.gateway_dead_after_s)
         reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
@@ -96,7 +98,8 @@ class Runtime:
         try:
             if watch:
                 await peers.listen(bus, list(watch))
-            await bus.nc.subscribe(settings.subjects.metrics, cb=rt.answer_metrics)
+            if metrics:
+                await bus.nc.subscribe(settings.subjects.metrics, cb=rt.answer_metrics)
             yield rt
         finally:
             if nc is None:

@@ -35,21 +35,28 @@ async def run(
         Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway",)) as rt,
         Dispatcher(settings, policy=policy) as dispatcher,
     ):
-        dispatcher.bind(rt.bus)
-        rt.peers.on_death(dispatcher.on_death)
-        subjects = settings.subjects
-        await rt.bus.subscribe(subjects.cancel, CANCEL, dispatcher.on_cancel)
-        await rt.bus.subscribe(
-            subjects.generate, GENERATE, dispatcher.on_generate, queue=DISPATCHER_QUEUE, takes_work=True, inline=True
-        )
-        rt.load = lambda: dispatcher.load
-        rt.ready = dispatcher.readiness
-        # report real engine health from the first beat: wait (bounded) for the first poll
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(dispatcher.health_checked.wait(), settings.health_timeout_s + 1)
-        log.info(
-            "dispatcher %s: engines %s",
-            settings.instance_id,
-            ", ".join(f"{w.kind}={w.url}" for w in dispatcher.workers) or "none",
-        )
+        await wire(rt, dispatcher)
         await rt.serve(ready=ready, drain=dispatcher.drain)
+
+
+async def wire(rt: Runtime, dispatcher: Dispatcher) -> None:
+    """``dispatcher`` takes generations from the dispatchers' queue group, hears cancels and
+    gateway deaths, and reports its engines' health (waiting, bounded, for the first poll, so
+    that the first heartbeat tells the truth)."""
+    settings = dispatcher.settings
+    dispatcher.bind(rt.bus)
+    rt.peers.on_death(dispatcher.on_death)
+    subjects = settings.subjects
+    await rt.bus.subscribe(subjects.cancel, CANCEL, dispatcher.on_cancel)
+    await rt.bus.subscribe(
+        subjects.generate, GENERATE, dispatcher.on_generate, queue=DISPATCHER_QUEUE, takes_work=True, inline=True
+    )
+    rt.load = lambda: dispatcher.load
+    rt.ready = dispatcher.readiness
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(dispatcher.health_checked.wait(), settings.health_timeout_s + 1)
+    log.info(
+        "dispatcher %s: engines %s",
+        settings.instance_id,
+        ", ".join(f"{w.kind}={w.url}" for w in dispatcher.workers) or "none",
+    )

@@ -25,12 +25,15 @@ async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: a
         encoder = Encoder(settings, rt.bus)
         encoder.start_pool()
         try:
-            subjects = settings.subjects
-            await rt.bus.subscribe(subjects.cancel, CANCEL, encoder.on_cancel)
-            await rt.bus.subscribe(
-                subjects.jobs, JOB, encoder.on_job, queue=ENCODER_QUEUE, takes_work=True, inline=True
-            )
-            rt.load = lambda: encoder.in_flight
+            await wire(rt, encoder)
             await rt.serve(ready=ready, drain=encoder.drain)
         finally:
             encoder.close()
+
+
+async def wire(rt: Runtime, encoder: Encoder) -> None:
+    """``encoder`` takes jobs from the encoders' queue group and hears cancels."""
+    subjects = rt.settings.subjects
+    await rt.bus.subscribe(subjects.cancel, CANCEL, encoder.on_cancel)
+    await rt.bus.subscribe(subjects.jobs, JOB, encoder.on_job, queue=ENCODER_QUEUE, takes_work=True, inline=True)
+    rt.load = lambda: encoder.in_flight

@@ -15,6 +15,7 @@ import functools
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 
 from opentelemetry.trace import Span, SpanKind
 
@@ -85,10 +86,18 @@ def context_error(prompt_tokens: int, max_tokens: int | None, context_length: in
     return None
 
 
+Forward = Callable[[GenerateRequest], Awaitable[None]]
+
+
 class Encoder:
-    def __init__(self, settings: Settings, bus: Bus) -> None:
+    """``forward`` takes each rendered request on to a dispatcher: by default a message to the
+    dispatchers' queue group; a process that hosts a dispatcher as well hands it over in process
+    while that dispatcher takes work (``services/encoder_dispatcher``)."""
+
+    def __init__(self, settings: Settings, bus: Bus, *, forward: Forward | None = None) -> None:
         self.settings = settings
         self.bus = bus
+        self.forward: Forward = forward or self.publish
         self.in_flight = 0
         self._cancelled: OrderedDict[str, None] = OrderedDict()
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
@@ -219,9 +228,13 @@ class Encoder:
             trace=job.trace,
         )
         try:
-            await self.bus.publish(self.bus.subjects.generate, request)
+            await self.forward(request)
         except BusFailure as exc:
             await self._fail(job, exc.error, span)
+
+    async def publish(self, request: GenerateRequest) -> None:
+        """``request`` to the dispatchers over the bus."""
+        await self.bus.publish(self.bus.subjects.generate, request)
 
     async def _render(self, job: GenerateJob, pooled: bool) -> EncodedPrompt:
         today = dt.date.today()

@@ -22,7 +22,9 @@ from services.common.metrics import REGISTRY
 
 
 async def gather(bus: Bus, peers: Peers, services: tuple[str, ...], timeout: float) -> list[MetricsSnapshot]:
-    expected = sum(len(peers.alive(s)) for s in services)
+    # one answer per process: one that serves two roles (an encoder and a dispatcher) beats
+    # under both with the same instance id, and answers once
+    expected = len({p.beat.instance for s in services for p in peers.alive(s)})
     replies: list[MetricsSnapshot] = []
     done = asyncio.Event()
     inbox = bus.nc.new_inbox()

@@ -28,7 +28,8 @@ from services.common.infra import ManagedProcess, free_port, wait_for_port
 MODEL = "openai/gpt-oss-20b"
 Samples = dict[str, list[tuple[dict[str, str], float]]]  # /metrics: sample name -> (labels, value)
 EngineRecord = dict[str, Any]  # one request as the simulated engine recorded it (its JSON)
-SCRAPED = ("gateway", "encoder", "dispatcher", "parser", "tools")  # every service in a stack's /metrics
+# every process of a `chorus up` stack answers /metrics (the encoder-dispatcher as the dispatcher)
+SCRAPED = ("gateway", "dispatcher", "parser", "tools")
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
@@ -303,7 +304,15 @@ class Stacks:
         if name in ("sglang", "sglang-incremental"):
             sim, url = start_sim_engine("sglang", incremental=name.endswith("incremental"))
             return start_stack(
-                name, self.nats_url, self.redis_url, engines=[f"sglang={url}"], engine_url=url, extra=[sim]
+                name,
+                self.nats_url,
+                self.redis_url,
+                engines=[f"sglang={url}"],
+                engine_url=url,
+                extra=[sim],
+                # the encoder as a process of its own (every prompt crosses the bus to the
+                # dispatcher): the vLLM stacks run `chorus up`'s default, both in one process
+                extra_args=["--encoders", "1"],
             )
         if name == "mcp":  # short tool timeouts, for the hanging-tool test
             return start_stack(

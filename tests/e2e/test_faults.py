@@ -136,11 +136,11 @@ def test_kill_one_parser_of_two(fault_stack: RunningStack, reference: dict[str, 
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_kill_the_dispatcher(fault_stack: RunningStack, reference: dict[str, list[Streamed]], api: str) -> None:
     fault_stack.wait_healthy()
-    [dispatcher] = fault_stack.children("serve dispatcher")
+    [dispatcher] = fault_stack.children("serve encoder-dispatcher")
     got = asyncio.run(run_streams(fault_stack, api, lambda: kill(dispatcher)))
     check(got, reference[api])
     fault_stack.wait_healthy()
-    assert fault_stack.children("serve dispatcher") != [dispatcher]  # chorus up started a new one
+    assert fault_stack.children("serve encoder-dispatcher") != [dispatcher]  # chorus up started a new one
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])

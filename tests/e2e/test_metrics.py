@@ -45,9 +45,13 @@ async def test_requests_tokens_and_latencies_for_both_apis(metrics_stack: Runnin
     # the dispatcher's view of its engine: up, and nothing streaming once the answers are in
     assert [v for labels, v in after["chorus_engine_worker_up"] if labels["engine"] == "sim"] == [1]
     assert [v for _, v in after["chorus_engine_worker_in_flight"]] == [0]
-    # every service of the stack answered the scrape with its own registry
+    # every process of the stack answered the scrape with its own registry, once (the
+    # encoder-dispatcher beats as two roles and answers as the dispatcher)
     services = {labels.get("service") for samples in after.values() for labels, _ in samples}
-    assert {"gateway", "encoder", "dispatcher", "parser", "tools"} <= services, services
+    assert {"gateway", "dispatcher", "parser", "tools"} <= services, services
+    assert "encoder" not in services, services
+    dispatchers = {labels["instance"] for labels, _ in after["chorus_engine_worker_up"]}
+    assert len(dispatchers) == 1, dispatchers
 
 
 async def test_tool_calls_are_counted_by_outcome(metrics_stack: RunningStack) -> None:

@@ -3,6 +3,7 @@ covers every service `chorus serve` runs."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -27,9 +28,18 @@ def test_the_documented_reference_is_the_generated_one() -> None:
 
 
 def test_every_service_has_a_section() -> None:
+    """Each service's settings have a section; a process of two roles (encoder-dispatcher)
+    reads nothing but its roles' settings, and their sections name it."""
     modules = {section.module for section in config_reference.SECTIONS}
-    assert {f"{module}.settings" for module in SERVICE_MODULES.values()} <= modules
     assert "services.common.settings" in modules
+    documented = {name for s in config_reference.SECTIONS for name in config_reference.settings_class(s).model_fields}
+    rendered = config_reference.render()
+    for service, module in SERVICE_MODULES.items():
+        if f"{module}.settings" in modules:
+            continue
+        fields = importlib.import_module(f"{module}.settings").Settings.model_fields
+        assert set(fields) <= documented, f"{service}: settings of its own need a section"
+        assert rendered.count(f"`chorus serve {service}`") >= 2, f"{service}: its roles' sections name it"
 
 
 def test_every_setting_has_a_description_and_a_row() -> None:

@@ -251,16 +251,16 @@ async def test_the_dispatcher_is_healthy_without_an_engine(
 ) -> None:
     namespace = f"infra{uuid.uuid4().hex[:8]}"
     env = _service_env(
-        "dispatcher",
+        "encoder-dispatcher",
         tmp_path,
         bus_port,
         CHORUS_NAMESPACE=namespace,
         CHORUS_ENGINES=f"sim=http://127.0.0.1:{free_port()}",
     )  # nothing listens there
-    proc = _start("dispatcher", env, tmp_path, started)
+    proc = _start("encoder-dispatcher", env, tmp_path, started)
     await _first_beat(bus_port, namespace, "dispatcher", proc)
     _wait(
-        lambda: _healthy(_healthcheck("dispatcher", env), env),
+        lambda: _healthy(_healthcheck("encoder-dispatcher", env), env),
         HEALTHY_AFTER_BEAT_S,
         "dispatcher healthy with its engine down",
         proc,

@@ -30,8 +30,9 @@ from tests.e2e.conftest import MODEL, RunningStack, start_stack
 from tests.mcp_servers import serve_mcp
 
 SPANS_WITHIN_S = 20.0
+# `chorus up` runs the encoder and the dispatcher in one process, which traces as one service
 GATEWAY, ENCODER, DISPATCHER, PARSER, TOOLS = (
-    f"chorus-{s}" for s in ("gateway", "encoder", "dispatcher", "parser", "tools")
+    f"chorus-{s}" for s in ("gateway", "encoder-dispatcher", "encoder-dispatcher", "parser", "tools")
 )
 GENAI = f"chat {MODEL}"  # the gateway's span of an API request, both APIs
 ENGINE = f"text_completion {MODEL}"
