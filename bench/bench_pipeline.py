@@ -226,9 +226,9 @@ async def measure_throughput(
     note_errors(figures, "throughput direct", direct)
     note_errors(figures, "throughput chorus", chorus)
     print(f"  Chorus service CPU over the chorus run: {total_cpu:.2f} s = {figures['cpu_us_per_token']:.1f} us/token")
-    print(f"  {'service':<12} {'pid':>7} {'CPU s':>8} {'us/token':>9} {'peak RSS':>10}")
+    print(f"  {'service':<20} {'pid':>7} {'CPU s':>8} {'us/token':>9} {'peak RSS':>10}")
     for pid, name in sorted(services.items(), key=lambda kv: kv[1]):
-        print(f"  {name:<12} {pid:>7} {cpu[pid]:8.2f} {cpu[pid] / chorus_tokens * 1e6:9.1f} {peak[pid]:7.1f} MB")
+        print(f"  {name:<20} {pid:>7} {cpu[pid]:8.2f} {cpu[pid] / chorus_tokens * 1e6:9.1f} {peak[pid]:7.1f} MB")
 
 
 def print_summary(figures: dict[str, Any]) -> None:
