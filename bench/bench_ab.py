@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--paced-ms", type=float, default=5.0)
     args = ap.parse_args(argv)
-    options = argparse.Namespace(tokens_per_chunk=1, parser_workers=2)
+    options = argparse.Namespace(tokens_per_chunk=1, up_args=[])
     stacks: dict[str, Stack] = {}
     try:
         for tree in args.trees:

@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--output-lines", type=int, default=90, help="lines of each tool output (~16 tokens each)")
     parser.add_argument("--rounds", type=int, default=3, help="loops per transport, alternating")
     args = parser.parse_args()
-    args.tokens_per_chunk, args.parser_workers = 1, 2
+    args.tokens_per_chunk, args.up_args = 1, []
     stack = Stack(Path(tempfile.mkdtemp(prefix="chorus-bench-loop-")))
     try:
         stack.start(args)

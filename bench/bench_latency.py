@@ -179,7 +179,14 @@ if __name__ == "__main__":
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--throughput-tokens", type=int, default=2000)
     ap.add_argument("--throughput-requests", type=int, default=128)
-    ap.add_argument("--parser-workers", type=int, default=2)
+    ap.add_argument(
+        "--split",
+        dest="up_args",
+        action="store_const",
+        const=["--split"],
+        default=[],
+        help="run the encoder, dispatcher and parsers as processes of their own (`chorus up --split`)",
+    )
     ap.add_argument(
         "--tokens-per-chunk",
         type=int,

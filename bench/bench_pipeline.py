@@ -276,7 +276,7 @@ async def run(args: argparse.Namespace, stack: Stack) -> dict[str, Any]:
     print(
         f"Chorus pipeline benchmark on {os.cpu_count()} cores: simulated engine (vLLM, zero "
         f"delay, {args.tokens_per_chunk} token(s) per event) at {stack.engine}, Chorus at "
-        f"{stack.base} with {args.parser_workers} parser workers; code under {ROOT}"
+        f"{stack.base} ({'split: encoder, dispatcher, parsers' if args.up_args else 'workers'}); code under {ROOT}"
     )
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
     timeout = aiohttp.ClientTimeout(total=600)
@@ -304,7 +304,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--tokens-per-chunk", type=int, default=1, help="tokens the simulated engine sends per stream event"
     )
-    ap.add_argument("--parser-workers", type=int, default=2)
+    ap.add_argument(
+        "--split",
+        dest="up_args",
+        action="store_const",
+        const=["--split"],
+        default=[],
+        help="run the encoder, dispatcher and parsers as processes of their own (`chorus up --split`)",
+    )
     ap.add_argument("--quick", action="store_true", help="smoke run: 30 requests, 20 throughput requests of 500 tokens")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
     ap.add_argument("--keep-logs", action="store_true", help="keep the services' log directory")

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from services.common.infra import free_port  # noqa: E402
 
-SERVICES = ("gateway", "encoder", "dispatcher", "encoder-dispatcher", "parser", "tools")
+SERVICES = ("gateway", "worker", "encoder", "dispatcher", "parser", "tools")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -137,8 +137,7 @@ class Stack:
                         f"sim={self.engine}",
                         "--namespace",
                         f"bench{port}",
-                        "--parser-workers",
-                        str(args.parser_workers),
+                        *getattr(args, "up_args", []),  # the tree's own default shape unless told
                         "--log-dir",
                         str(self.log_dir),
                         "--log-level",

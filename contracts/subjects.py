@@ -28,6 +28,11 @@ class Subjects:
         """GenerateJob, gateway -> encoder (queue group)."""
         return f"{self.namespace}.encoder.jobs"
 
+    def encoder_jobs(self, encoder: str) -> str:
+        """GenerateJob, gateway -> one encoder: the one in the worker process whose parser the
+        gateway chose, so that the generation stays in that process."""
+        return f"{self.namespace}.encoder.jobs.{encoder}"
+
     @property
     def generate(self) -> str:
         """GenerateRequest, encoder -> dispatcher (queue group)."""

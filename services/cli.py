@@ -24,14 +24,14 @@ SERVICE_MODULES = {
     "gateway": "services.gateway",
     "encoder": "services.encoder",
     "dispatcher": "services.dispatcher",
-    "encoder-dispatcher": "services.encoder_dispatcher",
+    "worker": "services.worker",
     "parser": "services.parser",
     "tools": "services.tools",
     "sim-engine": "services.simengine",
 }
 BUS_SERVICES = tuple(s for s in SERVICE_MODULES if s != "sim-engine")
-# what beats on the bus (`chorus ping`): an encoder-dispatcher beats as both of its roles
-ROLES = tuple(s for s in BUS_SERVICES if s != "encoder-dispatcher")
+# what beats on the bus (`chorus ping`): a worker beats as each of its roles
+ROLES = tuple(s for s in BUS_SERVICES if s != "worker")
 ENGINE_KINDS = ("vllm", "sglang", "sim", "openai", "openai-chat")
 
 
@@ -217,16 +217,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefix of every NATS subject and Redis key (default: $CHORUS_NAMESPACE, "
         "else `chorus` on port 8000 and `chorus-PORT` on another port)",
     )
-    p_up.add_argument("--parser-workers", metavar="N", type=_count(1), default=2, help="parser processes")
-    p_up.add_argument("--dispatchers", metavar="N", type=_count(1), default=1, help="dispatcher processes")
     p_up.add_argument(
-        "--encoders",
+        "--workers",
         metavar="N",
-        type=_count(0),
-        default=0,
-        help="encoder processes of their own; 0 (the default): each dispatcher process renders "
-        "prompts too, one bus hop less before the first token",
+        type=_count(1),
+        default=2,
+        help="worker processes, each an encoder, a dispatcher and a parser (a generation stays "
+        "inside one: two bus hops fewer than --split)",
     )
+    p_up.add_argument(
+        "--split",
+        action="store_true",
+        help="run the encoders, dispatchers and parsers as processes of their own instead of workers",
+    )
+    p_up.add_argument("--encoders", metavar="N", type=_count(1), default=1, help="with --split: encoder processes")
+    p_up.add_argument(
+        "--dispatchers", metavar="N", type=_count(1), default=1, help="with --split: dispatcher processes"
+    )
+    p_up.add_argument("--parser-workers", metavar="N", type=_count(1), default=2, help="with --split: parser processes")
     p_up.add_argument(
         "--nats-url",
         metavar="URL",

@@ -197,17 +197,7 @@ def up(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-        # dispatchers render prompts themselves unless encoders of their own are asked for
-        dispatcher = "dispatcher" if args.encoders else "encoder-dispatcher"
-        services = [
-            *[(f"encoder-{i + 1}" if args.encoders > 1 else "encoder", "encoder") for i in range(args.encoders)],
-            *[
-                (f"{dispatcher}-{i + 1}" if args.dispatchers > 1 else dispatcher, dispatcher)
-                for i in range(args.dispatchers)
-            ],
-            *[(f"parser-{i + 1}", "parser") for i in range(args.parser_workers)],
-            ("tools", "tools"),
-        ]
+        services = [*_pipeline(args), ("tools", "tools")]
         for name, service in services:
             stack.run(Child(name, service_args(service), env, log(name)))
         stack.run(
@@ -232,6 +222,22 @@ def up(args: argparse.Namespace) -> int:
         if stack.children:
             print("chorus: stopping", flush=True)
         stack.stop()
+
+
+def _pipeline(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(log name, service) of the processes a generation goes through: workers, or with
+    ``--split`` the encoders, dispatchers and parsers as processes of their own."""
+
+    def named(service: str, n: int, always: bool = False) -> list[tuple[str, str]]:
+        return [(f"{service}-{i + 1}" if n > 1 or always else service, service) for i in range(n)]
+
+    if not args.split:
+        return named("worker", args.workers, always=True)
+    return [
+        *named("encoder", args.encoders),
+        *named("dispatcher", args.dispatchers),
+        *named("parser", args.parser_workers, always=True),
+    ]
 
 
 def _watch(

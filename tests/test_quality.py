@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # they start the services: any may be imported
 WIRING = {"services/cli.py", "services/up.py", "services/supervisor.py"}
 # a process that serves several roles composes those services (and imports them)
-COMPOSITES = {"encoder_dispatcher": ("encoder", "dispatcher")}
+COMPOSITES = {"worker": ("encoder", "dispatcher", "parser")}
 MAX_LINES = 500
 CODE = ["contracts", "services", "tests", "bench"]
 

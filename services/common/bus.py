@@ -340,12 +340,24 @@ class Outbox(Generic[T, F]):
 
     ``window`` may be a function, asked at each frame: a sender under load stretches it (many
     generations in flight: each one's tokens then travel several to a message, and every hop
-    after this one writes, parses and sends once per several tokens instead of per token)."""
+    after this one writes, parses and sends once per several tokens instead of per token).
 
-    def __init__(self, bus: Bus, subject: str, frame: Callable[[list[T]], F], *, window: Window = 0.0) -> None:
+    ``local``: the receiver lives in this process (a worker's parser); each frame is handed to
+    it in the step that would have published it, with the same coalescing."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        subject: str,
+        frame: Callable[[list[T]], F],
+        *,
+        window: Window = 0.0,
+        local: Callable[[F], None] | None = None,
+    ) -> None:
         self.bus = bus
         self.subject = subject
         self._frame = frame
+        self._local = local  # the receiver is in this process: its handler, called with each frame
         self._window = window if callable(window) else _fixed(window)
         self._timer: asyncio.TimerHandle | None = None
         self._items: list[T] = []
@@ -378,11 +390,13 @@ class Outbox(Generic[T, F]):
     def _send_now(self) -> bool:
         """Everything waiting, sent in this step if the bus can (else the task sends it): never
         while an earlier frame is still on its way, which it would overtake."""
-        if self._sending or not self.bus.sends_nowait:  # (nats-py: the task sends it; no frame built twice)
-            return False
+        if self._local is None and (self._sending or not self.bus.sends_nowait):
+            return False  # (nats-py: the task sends it; no frame built twice)
         items = self._items
         try:
-            if not self.bus.publish_nowait(self.subject, self._frame(items)):
+            if self._local is not None:
+                self._local(self._frame(items))
+            elif not self.bus.publish_nowait(self.subject, self._frame(items)):
                 return False
         except Exception:  # the bus is down: the receiver's recovery takes over
             log.warning("sending %d item(s) to %s failed", len(items), self.subject, exc_info=True)
@@ -412,7 +426,10 @@ class Outbox(Generic[T, F]):
         self.frames += 1
         self._sending = True
         try:
-            await self.bus.publish(self.subject, self._frame(items))
+            if self._local is not None:
+                self._local(self._frame(items))
+            else:
+                await self.bus.publish(self.subject, self._frame(items))
         except Exception:  # the bus is down: the receiver's recovery takes over
             log.warning("sending %d item(s) to %s failed", len(items), self.subject, exc_info=True)
         finally:
@@ -430,16 +447,27 @@ class Outbox(Generic[T, F]):
 class Outboxes(Generic[T, F]):
     """One ``Outbox`` per destination subject, created on first use."""
 
-    def __init__(self, bus: Bus, frame: Callable[[list[T]], F], *, window: Window = 0.0) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        frame: Callable[[list[T]], F],
+        *,
+        window: Window = 0.0,
+        local: dict[str, Callable[[F], None]] | None = None,
+    ) -> None:
         self.bus = bus
         self._frame = frame
         self._window = window
         self._boxes: dict[str, Outbox[T, F]] = {}
+        # subjects whose receiver is in this process: frames are handed to it, not published
+        self.local: dict[str, Callable[[F], None]] = local or {}
 
     def put(self, subject: str, item: T, *, urgent: bool = False) -> None:
         box = self._boxes.get(subject)
         if box is None:
-            box = self._boxes[subject] = Outbox(self.bus, subject, self._frame, window=self._window)
+            box = self._boxes[subject] = Outbox(
+                self.bus, subject, self._frame, window=self._window, local=self.local.get(subject)
+            )
         box.put(item, urgent=urgent)
 
     async def forget(self, subject: str) -> None:

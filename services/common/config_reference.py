@@ -51,21 +51,20 @@ SECTIONS = (
     Section(
         "encoder",
         "services.encoder.settings",
-        "Items -> Harmony -> prompt token ids (`chorus serve encoder`, and `chorus serve "
-        "encoder-dispatcher`, which reads these and the dispatcher's), plus the settings every bus "
-        "service reads.",
+        "Items -> Harmony -> prompt token ids (`chorus serve encoder`; `chorus serve worker` reads "
+        "these, the dispatcher's and the parser's), plus the settings every bus service reads.",
     ),
     Section(
         "dispatcher",
         "services.dispatcher.settings",
-        "Engine workers and every engine call (`chorus serve dispatcher`, and `chorus serve "
-        "encoder-dispatcher`, which reads these and the encoder's), plus the settings every bus "
-        "service reads.",
+        "Engine workers and every engine call (`chorus serve dispatcher`; `chorus serve worker` "
+        "reads these, the encoder's and the parser's), plus the settings every bus service reads.",
     ),
     Section(
         "parser",
         "services.parser.settings",
-        "Parse sessions (`chorus serve parser`, scalable), plus the settings every bus service reads.",
+        "Parse sessions (`chorus serve parser`, scalable; `chorus serve worker` reads these, the "
+        "encoder's and the dispatcher's), plus the settings every bus service reads.",
     ),
     Section(
         "tools",

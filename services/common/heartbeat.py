@@ -148,16 +148,23 @@ class Peers:
         if self._paused:
             return
         now = time.monotonic()
-        for service, peers in self._peers.items():
+        for service, peers in list(self._peers.items()):
             for instance, peer in list(peers.items()):
                 patience = self.gateway_dead_after if service == "gateway" else self.dead_after
                 limit = max(patience, 3 * peer.beat.interval_s)
-                if now - peer.seen > limit:
-                    del peers[instance]
+                if now - peer.seen > limit and instance in peers:
                     log.warning(
                         "%s %s missed its heartbeats for %.1fs: counted dead", service, instance, now - peer.seen
                     )
-                    await self._died(service, instance)
+                    await self._instance_died(instance)
+
+    async def _instance_died(self, instance: str) -> None:
+        """Every role of a dead process dies with it (a worker beats as encoder, dispatcher and
+        parser under one instance id): all of them are dead in the same step, so nothing is
+        given to a role of a process already known dead."""
+        roles = [service for service, peers in self._peers.items() if peers.pop(instance, None) is not None]
+        for service in roles:
+            await self._died(service, instance)
 
     async def _died(self, service: str, instance: str) -> None:
         for callback in self._on_death:

@@ -53,6 +53,7 @@ class Runtime:
             liveness_file=settings.liveness_file,
         )
         self.draining = False
+        self.metrics_service = service  # the ``service`` label of this process's metrics
         # called after the NATS connection came back (messages may have been lost meanwhile)
         self.reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
 
@@ -110,7 +111,9 @@ class Runtime:
         if not msg.reply:
             return
         snapshot = MetricsSnapshot(
-            service=self.service, instance=self.settings.instance_id, exposition=generate_latest(REGISTRY).decode()
+            service=self.metrics_service,
+            instance=self.settings.instance_id,
+            exposition=generate_latest(REGISTRY).decode(),
         )
         with contextlib.suppress(Exception):
             await self.bus.publish(msg.reply, snapshot)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from pydantic import TypeAdapter
 
 from contracts.messages.control import Cancel
-from contracts.messages.generate import GenerateRequest
+from contracts.messages.generate import GenerateRequest, TokenFrame
 from contracts.subjects import DISPATCHER_QUEUE
 from services.common.runtime import Runtime
 from services.dispatcher.service import Dispatcher
@@ -39,12 +40,14 @@ async def run(
         await rt.serve(ready=ready, drain=dispatcher.drain)
 
 
-async def wire(rt: Runtime, dispatcher: Dispatcher) -> None:
+async def wire(
+    rt: Runtime, dispatcher: Dispatcher, *, local_parsers: dict[str, Callable[[TokenFrame], None]] | None = None
+) -> None:
     """``dispatcher`` takes generations from the dispatchers' queue group, hears cancels and
     gateway deaths, and reports its engines' health (waiting, bounded, for the first poll, so
-    that the first heartbeat tells the truth)."""
+    that the first heartbeat tells the truth). ``local_parsers``: see ``Dispatcher.bind``."""
     settings = dispatcher.settings
-    dispatcher.bind(rt.bus)
+    dispatcher.bind(rt.bus, local_parsers=local_parsers)
     rt.peers.on_death(dispatcher.on_death)
     subjects = settings.subjects
     await rt.bus.subscribe(subjects.cancel, CANCEL, dispatcher.on_cancel)

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
@@ -107,10 +108,12 @@ class Dispatcher:
     ) -> bool | None:
         return await self._stack.__aexit__(exc_type, exc, tb)
 
-    def bind(self, bus: Bus) -> None:
-        """Where batches and gateway events go."""
+    def bind(self, bus: Bus, *, local_parsers: dict[str, Callable[[TokenFrame], None]] | None = None) -> None:
+        """Where batches and gateway events go; ``local_parsers``: parsers in this process (by
+        instance id), handed their frames without the bus."""
         self.bus = bus
-        self._tokens = Outboxes(bus, lambda items: TokenFrame(batches=merge(items)), window=self.window)
+        local = {bus.subjects.parser_tokens(parser): take for parser, take in (local_parsers or {}).items()}
+        self._tokens = Outboxes(bus, lambda items: TokenFrame(batches=merge(items)), window=self.window, local=local)
         self._events = Outboxes(bus, lambda items: EventFrame(events=items))
 
     def window(self) -> float:

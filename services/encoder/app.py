@@ -32,8 +32,11 @@ async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: a
 
 
 async def wire(rt: Runtime, encoder: Encoder) -> None:
-    """``encoder`` takes jobs from the encoders' queue group and hears cancels."""
+    """``encoder`` takes jobs from the encoders' queue group and those sent to it alone (a
+    gateway keeping a generation inside a worker), and hears cancels."""
     subjects = rt.settings.subjects
     await rt.bus.subscribe(subjects.cancel, CANCEL, encoder.on_cancel)
     await rt.bus.subscribe(subjects.jobs, JOB, encoder.on_job, queue=ENCODER_QUEUE, takes_work=True, inline=True)
+    own = subjects.encoder_jobs(rt.settings.instance_id)
+    await rt.bus.subscribe(own, JOB, encoder.on_job, takes_work=True, inline=True)
     rt.load = lambda: encoder.in_flight

@@ -92,7 +92,7 @@ Forward = Callable[[GenerateRequest], Awaitable[None]]
 class Encoder:
     """``forward`` takes each rendered request on to a dispatcher: by default a message to the
     dispatchers' queue group; a process that hosts a dispatcher as well hands it over in process
-    while that dispatcher takes work (``services/encoder_dispatcher``)."""
+    while that dispatcher takes work (``services/worker``)."""
 
     def __init__(self, settings: Settings, bus: Bus, *, forward: Forward | None = None) -> None:
         self.settings = settings

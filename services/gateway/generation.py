@@ -419,7 +419,15 @@ class Generations:
         self._active.pop(generation.generation_id, None)
         job = generation.job(self.gateway_id)
         self._active[generation.generation_id] = generation
-        await self.bus.publish(self.bus.subjects.jobs, job)
+        await self.bus.publish(self._jobs_subject(parser.beat.instance), job)
+
+    def _jobs_subject(self, parser: str) -> str:
+        """A parser in a worker process (an encoder of the same instance takes work): the job
+        goes to that process, where it is rendered, streamed and parsed without crossing the
+        bus. Else to every encoder's queue group."""
+        if any(p.usable and p.beat.instance == parser for p in self.peers.alive("encoder")):
+            return self.bus.subjects.encoder_jobs(parser)
+        return self.bus.subjects.jobs
 
     async def cancel(self, generation_id: str, reason: str = "client_disconnected") -> None:
         self._active.pop(generation_id, None)

@@ -5,6 +5,8 @@ generation from the workers' heartbeats (least loaded), without a round trip."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from pydantic import TypeAdapter
 
@@ -23,25 +25,38 @@ CANCEL: TypeAdapter[Cancel] = TypeAdapter(Cancel)
 async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None) -> None:
     harmony_encoding()
     token_bytes()  # the vocabulary's byte table, before the first session needs it
-    async with Runtime.start(settings, "parser", stop=stop, watch=("gateway",)) as rt:
-        sessions = Sessions(rt.bus, settings.instance_id, window=settings.coalesce_window_ms / 1000)
-        rt.peers.on_death(sessions.on_death)
-        subjects = settings.subjects
-        await rt.bus.subscribe(subjects.cancel, CANCEL, sessions.on_cancel)
-        await rt.bus.subscribe(subjects.parser_tokens(settings.instance_id), TOKENS, sessions.on_tokens, inline=True)
-        rt.load = lambda: len(sessions)
+    async with (
+        Runtime.start(settings, "parser", stop=stop, watch=("gateway",)) as rt,
+        parsing(rt, settings) as sessions,
+    ):
+        await rt.serve(ready=ready, drain=draining(rt, settings, sessions))
 
-        async def expire_forever() -> None:
-            while True:
-                await asyncio.sleep(settings.session_idle_s / 4)
-                sessions.expire(settings.session_idle_s)
 
-        expiring = asyncio.get_running_loop().create_task(expire_forever())
-        try:
-            await rt.serve(
-                ready=ready,
-                drain=lambda: sessions.drain(settings.drain_quiet_s, senders=lambda: bool(rt.peers.alive("gateway"))),
-            )
-        finally:
-            expiring.cancel()
-            await sessions.close()
+@contextlib.asynccontextmanager
+async def parsing(rt: Runtime, settings: Settings) -> AsyncIterator[Sessions]:
+    """The worker's sessions: fed by the tokens subject of this instance, told of cancels and
+    gateway deaths, idle ones expired; closed at the end."""
+    sessions = Sessions(rt.bus, settings.instance_id, window=settings.coalesce_window_ms / 1000)
+    rt.peers.on_death(sessions.on_death)
+    subjects = settings.subjects
+    await rt.bus.subscribe(subjects.cancel, CANCEL, sessions.on_cancel)
+    await rt.bus.subscribe(subjects.parser_tokens(settings.instance_id), TOKENS, sessions.on_tokens, inline=True)
+    rt.load = lambda: len(sessions)
+
+    async def expire_forever() -> None:
+        while True:
+            await asyncio.sleep(settings.session_idle_s / 4)
+            sessions.expire(settings.session_idle_s)
+
+    expiring = asyncio.get_running_loop().create_task(expire_forever())
+    try:
+        yield sessions
+    finally:
+        expiring.cancel()
+        await sessions.close()
+
+
+def draining(rt: Runtime, settings: Settings, sessions: Sessions) -> Callable[[], Awaitable[None]]:
+    """The parser's drain: new generations are taken until none opened for a while, then the
+    open ones finish (while a gateway is there to read them)."""
+    return lambda: sessions.drain(settings.drain_quiet_s, senders=lambda: bool(rt.peers.alive("gateway")))

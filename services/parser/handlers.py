@@ -59,6 +59,10 @@ class Sessions:
 
     # bus handlers ----------------------------------------------------------------------
     async def on_tokens(self, frame: TokenFrame) -> None:
+        self.take(frame)
+
+    def take(self, frame: TokenFrame) -> None:
+        """``frame``'s batches, in order (a dispatcher in this process hands frames here)."""
         for batch in frame.batches:
             self._batch(batch)
 

@@ -34,6 +34,29 @@ async def test_gateways_get_longer_than_pipeline_instances() -> None:
     assert dead == [("parser", "p1"), ("gateway", "g1")]
 
 
+async def test_every_role_of_a_dead_process_dies_with_it() -> None:
+    """A worker beats as encoder, dispatcher and parser under one id: when the beats of one
+    role are found missing, all three are dead in that step (none is left to be given work),
+    and a process that only stopped one role (its "stopping" beat) keeps the others."""
+    peers = Peers(dead_after=0.05, gateway_dead_after=0.5)
+    dead: list[tuple[str, str]] = []
+
+    async def died(service: str, instance: str) -> None:
+        dead.append((service, instance))
+
+    peers.on_death(died)
+    for role in ("encoder", "dispatcher", "parser"):
+        await peers.observe(beat(role, "w1"))
+    await peers.observe(beat("parser", "p2"))
+    await asyncio.sleep(0.03)
+    await peers.observe(beat("parser", "w1"))  # its parser role was heard later than the others
+    await peers.observe(beat("parser", "p2"))
+    await asyncio.sleep(0.03)
+    await peers.sweep()
+    assert sorted(dead) == [("dispatcher", "w1"), ("encoder", "w1"), ("parser", "w1")]
+    assert [p.beat.instance for p in peers.alive("parser")] == ["p2"]
+
+
 async def test_no_verdicts_after_this_process_stalled() -> None:
     peers = Peers(dead_after=0.05, gateway_dead_after=0.05)
     dead: list[str] = []

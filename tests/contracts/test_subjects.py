@@ -46,6 +46,7 @@ def concrete(subjects: Subjects, instances: tuple[str, ...] = INSTANCES) -> list
     """Every subject a service publishes to or subscribes to without a wildcard."""
     return [
         *fixed(subjects),
+        *(subjects.encoder_jobs(i) for i in instances),
         *(subjects.parser_tokens(i) for i in instances),
         *(subjects.gateway_events(i) for i in instances),
         *(subjects.heartbeat(s) for s in EVERY_SERVICE),
@@ -68,6 +69,7 @@ def test_the_subject_names_on_the_wire() -> None:
         "cancel": s.cancel,
         "response_cancel": s.response_cancel,
         "metrics": s.metrics,
+        "encoder_jobs": s.encoder_jobs("w1"),
         "parser_tokens": s.parser_tokens("p1"),
         "gateway_events": s.gateway_events("g1"),
         "heartbeat": s.heartbeat("parser"),
@@ -81,6 +83,7 @@ def test_the_subject_names_on_the_wire() -> None:
         "cancel": "chorus.cancel",
         "response_cancel": "chorus.responses.cancel",
         "metrics": "chorus.metrics",
+        "encoder_jobs": "chorus.encoder.jobs.w1",
         "parser_tokens": "chorus.tokens.p1",
         "gateway_events": "chorus.events.g1",
         "heartbeat": "chorus.heartbeat.parser",
@@ -95,6 +98,7 @@ def test_every_subject_is_covered_here() -> None:
     members -= {name for name in members if name.startswith("_")}
     assert members == {
         "jobs",
+        "encoder_jobs",
         "generate",
         "tools_list",
         "tools_call",

@@ -28,8 +28,9 @@ from services.common.infra import ManagedProcess, free_port, wait_for_port
 MODEL = "openai/gpt-oss-20b"
 Samples = dict[str, list[tuple[dict[str, str], float]]]  # /metrics: sample name -> (labels, value)
 EngineRecord = dict[str, Any]  # one request as the simulated engine recorded it (its JSON)
-# every process of a `chorus up` stack answers /metrics (the encoder-dispatcher as the dispatcher)
-SCRAPED = ("gateway", "dispatcher", "parser", "tools")
+# every process of a `chorus up` stack answers /metrics once: its workers as "worker", or
+# with --split its encoders, dispatchers and parsers as themselves
+SCRAPED = {False: ("gateway", "worker", "tools"), True: ("gateway", "encoder", "dispatcher", "parser", "tools")}
 
 
 def total(samples: Samples, name: str, **labels: str) -> float:
@@ -61,6 +62,7 @@ class RunningStack:
     extra: list[ManagedProcess] = field(default_factory=list)
     nats_url: str = ""
     redis_url: str = ""
+    split: bool = False  # `chorus up --split`: encoders, dispatchers and parsers, not workers
 
     def client(self, **kw: Any) -> openai.OpenAI:
         return openai.OpenAI(
@@ -89,7 +91,7 @@ class RunningStack:
                 for sample in family.samples:
                     out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
             answered = {labels.get("service") for samples in out.values() for labels, _ in samples}
-            if answered >= set(SCRAPED) or time.monotonic() > deadline:
+            if answered >= set(SCRAPED[self.split]) or time.monotonic() > deadline:
                 return out
             time.sleep(0.2)
 
@@ -145,7 +147,7 @@ class RunningStack:
 
     def children(self, needle: str) -> list[int]:
         """Pids of `chorus up`'s children whose command line contains ``needle``
-        (e.g. "serve parser", "nats-server")."""
+        (e.g. "serve worker", "nats-server")."""
         pids = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -166,7 +168,7 @@ class RunningStack:
         raise TimeoutError(f"stack {self.name} not healthy again\n{self.logs()}")
 
     def log(self, name: str) -> str:
-        """One process's whole log (``gateway``, ``parser-1``, ``up`` ...)."""
+        """One process's whole log (``gateway``, ``worker-1``, ``up`` ...)."""
         path = self.log_dir / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
@@ -250,8 +252,6 @@ def start_stack(
         str(log_dir),
         "--model",
         MODEL,
-        "--parser-workers",
-        "2",
         *(extra_args or []),
     ]
     if engines:
@@ -268,7 +268,16 @@ def start_stack(
         env={**os.environ, **(env or {})},
     )
     stack = RunningStack(
-        name, f"http://127.0.0.1:{port}", namespace, log_dir, proc, engine_url, extra or [], nats_url, redis_url
+        name,
+        f"http://127.0.0.1:{port}",
+        namespace,
+        log_dir,
+        proc,
+        engine_url,
+        extra or [],
+        nats_url,
+        redis_url,
+        split="--split" in (extra_args or []),
     )
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
@@ -310,9 +319,9 @@ class Stacks:
                 engines=[f"sglang={url}"],
                 engine_url=url,
                 extra=[sim],
-                # the encoder as a process of its own (every prompt crosses the bus to the
-                # dispatcher): the vLLM stacks run `chorus up`'s default, both in one process
-                extra_args=["--encoders", "1"],
+                # the roles as processes of their own (every generation crosses the bus four
+                # times): the vLLM stacks run `chorus up`'s default, workers
+                extra_args=["--split"],
             )
         if name == "mcp":  # short tool timeouts, for the hanging-tool test
             return start_stack(

@@ -1,5 +1,5 @@
-"""Process deaths under load: `chorus up` over real NATS and Redis, 8 streams in flight, one
-process killed with SIGKILL. Every stream must end with exactly the text an undisturbed run
+"""Process deaths under load: `chorus up` over real NATS and Redis (its workers, and the roles
+as processes of their own with --split), 8 streams in flight, one process killed with SIGKILL. Every stream must end with exactly the text an undisturbed run
 gives, and no stream may pause more than 5 seconds longer than the undisturbed run's longest
 pause (a death is noticed in about a second; the rest is allowance for a loaded machine).
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -111,6 +112,19 @@ def reference(fault_stack: RunningStack) -> dict[str, list[Streamed]]:
     return {api: asyncio.run(run_streams(fault_stack, api)) for api in ("chat", "responses")}
 
 
+@pytest.fixture(scope="module")
+def split_stack(nats_url: str, redis_url: str, engines: list[tuple[ManagedProcess, str]]) -> Iterator[RunningStack]:
+    """`chorus up --split`: an encoder, a dispatcher and two parsers, each a process."""
+    stack = start_stack("faults-split", nats_url, redis_url, engines=[f"sim={engines[0][1]}"], extra_args=["--split"])
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def split_reference(split_stack: RunningStack) -> dict[str, list[Streamed]]:
+    return {api: asyncio.run(run_streams(split_stack, api)) for api in ("chat", "responses")}
+
+
 def check(got: list[Streamed], want: list[Streamed]) -> None:
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert g.error is None, f"stream {i} failed: {g.error}"
@@ -122,25 +136,43 @@ def check(got: list[Streamed], want: list[Streamed]) -> None:
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
-def test_kill_one_parser_of_two(fault_stack: RunningStack, reference: dict[str, list[Streamed]], api: str) -> None:
+def test_kill_one_worker_of_two(fault_stack: RunningStack, reference: dict[str, list[Streamed]], api: str) -> None:
+    """A worker (encoder, dispatcher and parser) dies: the streams it held continue on the
+    other one from their tokens, and `chorus up` starts a new worker."""
     fault_stack.wait_healthy()
-    parsers = fault_stack.children("serve parser")
-    assert len(parsers) == 2
-    resumed = fault_stack.metric("chorus_generation_resumes_total", reason="parser")
-    got = asyncio.run(run_streams(fault_stack, api, lambda: kill(parsers[0])))
+    workers = fault_stack.children("serve worker")
+    assert len(workers) == 2
+    resumed = fault_stack.metric("chorus_generation_resumes_total")
+    got = asyncio.run(run_streams(fault_stack, api, lambda: kill(workers[0])))
     check(got, reference[api])
-    assert "resuming" in fault_stack.log("gateway")  # some streams were on the dead parser
-    assert fault_stack.metric("chorus_generation_resumes_total", reason="parser") > resumed
+    assert "resuming" in fault_stack.log("gateway")  # some streams were on the dead worker
+    assert fault_stack.metric("chorus_generation_resumes_total") > resumed
+    fault_stack.wait_healthy()
+    assert workers[0] not in fault_stack.children("serve worker")
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
-def test_kill_the_dispatcher(fault_stack: RunningStack, reference: dict[str, list[Streamed]], api: str) -> None:
-    fault_stack.wait_healthy()
-    [dispatcher] = fault_stack.children("serve encoder-dispatcher")
-    got = asyncio.run(run_streams(fault_stack, api, lambda: kill(dispatcher)))
-    check(got, reference[api])
-    fault_stack.wait_healthy()
-    assert fault_stack.children("serve encoder-dispatcher") != [dispatcher]  # chorus up started a new one
+def test_kill_one_parser_of_two(
+    split_stack: RunningStack, split_reference: dict[str, list[Streamed]], api: str
+) -> None:
+    split_stack.wait_healthy()
+    parsers = split_stack.children("serve parser")
+    assert len(parsers) == 2
+    resumed = split_stack.metric("chorus_generation_resumes_total", reason="parser")
+    got = asyncio.run(run_streams(split_stack, api, lambda: kill(parsers[0])))
+    check(got, split_reference[api])
+    assert "resuming" in split_stack.log("gateway")  # some streams were on the dead parser
+    assert split_stack.metric("chorus_generation_resumes_total", reason="parser") > resumed
+
+
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_kill_the_dispatcher(split_stack: RunningStack, split_reference: dict[str, list[Streamed]], api: str) -> None:
+    split_stack.wait_healthy()
+    [dispatcher] = split_stack.children("serve dispatcher")
+    got = asyncio.run(run_streams(split_stack, api, lambda: kill(dispatcher)))
+    check(got, split_reference[api])
+    split_stack.wait_healthy()
+    assert split_stack.children("serve dispatcher") != [dispatcher]  # chorus up started a new one
 
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
@@ -156,16 +188,18 @@ def test_kill_one_engine_of_two(
     engines[0] = start_sim_engine("vllm", port=int(engines[0][1].rsplit(":", 1)[1]))  # back for the next test
 
 
-def test_sigterm_drains_a_parser(fault_stack: RunningStack, reference: dict[str, list[Streamed]]) -> None:
-    """A parser asked to stop finishes the sessions it holds: no stream is resumed."""
+def test_sigterm_drains_a_worker(fault_stack: RunningStack, reference: dict[str, list[Streamed]]) -> None:
+    """A worker asked to stop finishes the streams and sessions it holds: no stream is resumed."""
     fault_stack.wait_healthy()
     before = sum("resuming" in line for line in fault_stack.log("gateway").splitlines())
-    parsers = fault_stack.children("serve parser")
-    got = asyncio.run(run_streams(fault_stack, "chat", lambda: os.kill(parsers[0], signal.SIGTERM)))
+    workers = fault_stack.children("serve worker")
+    got = asyncio.run(run_streams(fault_stack, "chat", lambda: os.kill(workers[0], signal.SIGTERM)))
     check(got, reference["chat"])
     resumed = [line for line in fault_stack.log("gateway").splitlines() if "resuming" in line][before:]
     assert not resumed, resumed
-    assert "draining" in fault_stack.log("parser-1") + fault_stack.log("parser-2")
+    logs = fault_stack.log("worker-1") + fault_stack.log("worker-2")
+    for role in ("encoder", "dispatcher", "parser"):
+        assert re.search(rf"{role} \w+: draining", logs), role
 
 
 def test_nats_restart(nats_url: str, redis_url: str) -> None:

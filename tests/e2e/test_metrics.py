@@ -43,15 +43,15 @@ async def test_requests_tokens_and_latencies_for_both_apis(metrics_stack: Runnin
     grew("chorus_bus_hop_seconds_count", 3, hop="first_batch")
     assert total(after, "chorus_requests_in_flight", api="chat") == 0
     # the dispatcher's view of its engine: up, and nothing streaming once the answers are in
-    assert [v for labels, v in after["chorus_engine_worker_up"] if labels["engine"] == "sim"] == [1]
-    assert [v for _, v in after["chorus_engine_worker_in_flight"]] == [0]
-    # every process of the stack answered the scrape with its own registry, once (the
-    # encoder-dispatcher beats as two roles and answers as the dispatcher)
+    # (one dispatcher per worker process, each with its own view of the same engine)
+    assert [v for labels, v in after["chorus_engine_worker_up"] if labels["engine"] == "sim"] == [1, 1]
+    assert [v for _, v in after["chorus_engine_worker_in_flight"]] == [0, 0]
+    # every process of the stack answered the scrape with its own registry, once (a worker
+    # beats as three roles and answers as the worker)
     services = {labels.get("service") for samples in after.values() for labels, _ in samples}
-    assert {"gateway", "dispatcher", "parser", "tools"} <= services, services
-    assert "encoder" not in services, services
-    dispatchers = {labels["instance"] for labels, _ in after["chorus_engine_worker_up"]}
-    assert len(dispatchers) == 1, dispatchers
+    assert services == {"gateway", "worker", "tools"}, services
+    workers = {labels["instance"] for labels, _ in after["chorus_engine_worker_up"]}
+    assert len(workers) == 2, workers
 
 
 async def test_tool_calls_are_counted_by_outcome(metrics_stack: RunningStack) -> None:

@@ -7,6 +7,7 @@ import asyncio
 from nats.aio.client import Client as NatsClient
 
 from contracts.errors import BusError, ErrorCode
+from contracts.messages.control import Heartbeat
 from contracts.messages.encode import EncodeRequest
 from contracts.messages.generate import GenerateJob, GenerationAccepted, ParsedBatch, ParseSpec, SamplingParams
 from contracts.messages.items import ItemStatus, MessageItem
@@ -89,3 +90,23 @@ async def test_an_attempt_cut_by_the_engine_leaves_its_item_open_for_the_next() 
     assert len(done) == 1 and isinstance(done[0].item, MessageItem) and done[0].item.content == "Hello world"
     assert "".join(e.delta for e in seen if isinstance(e, ItemDelta)) == "Hello world"
     assert isinstance(seen[-1], Finished)
+
+
+async def test_a_job_goes_to_the_worker_whose_parser_was_chosen() -> None:
+    """A parser that is a worker's (an encoder beats under the same id and takes work): the job
+    goes to that worker's encoder, so the generation stays in one process. Any other parser, or
+    a worker's encoder that drains: to the encoders' queue group."""
+    owner = Owner()
+    subjects = owner.bus.subjects
+    for service, instance, draining in [
+        ("encoder", "w1", False),
+        ("parser", "w1", False),
+        ("encoder", "w2", True),
+        ("parser", "w2", False),
+        ("encoder", "e1", False),
+        ("parser", "p1", False),
+    ]:
+        await owner.peers.observe(Heartbeat(service=service, instance=instance, interval_s=1, draining=draining))
+    assert owner._jobs_subject("w1") == subjects.encoder_jobs("w1")
+    assert owner._jobs_subject("w2") == subjects.jobs
+    assert owner._jobs_subject("p1") == subjects.jobs

@@ -168,7 +168,7 @@ def _running(pid: int) -> bool:
 def up(*args: str, port: int | None = None, log_dir: Path | None = None) -> Chorus:
     port = port or free_port()
     extra = ["--log-dir", str(log_dir)] if log_dir else []
-    chorus = Chorus.start("up", "--port", str(port), "--parser-workers", "1", *extra, *args)
+    chorus = Chorus.start("up", "--port", str(port), "--workers", "1", *extra, *args)
     chorus.log_dir, chorus.port = log_dir, port
     return chorus
 
@@ -271,7 +271,7 @@ def test_json_logs_from_every_service(pair: Pair) -> None:
     while request_id not in gateway_log.read_text() and time.monotonic() < deadline:
         time.sleep(0.05)  # the access line is written once the response is sent
     logs = {f.stem: f.read_text() for f in pair.a.log_dir.glob("*.log")}
-    assert {"gateway", "encoder-dispatcher", "parser-1", "tools", "sim-engine"} <= set(logs)
+    assert {"gateway", "worker-1", "tools", "sim-engine"} <= set(logs)
     for name, text in logs.items():
         for line in text.splitlines():
             record = json.loads(line)
@@ -286,7 +286,7 @@ def test_a_starting_engine_is_no_alarm(pair: Pair) -> None:
     for stack in (pair.a, pair.b):
         assert "NOT READY" not in stack.output
         assert stack.log_dir is not None
-        dispatcher = (stack.log_dir / "encoder-dispatcher.log").read_text()
+        dispatcher = (stack.log_dir / "worker-1.log").read_text()
         assert " is down" not in dispatcher, dispatcher
 
 
@@ -296,7 +296,7 @@ def test_a_signal_stops_the_whole_stack_quickly(pair: Pair, sig: int) -> None:
     STOP_WITHIN_S, and neither `chorus up` nor any service printed a traceback."""
     stack = pair.a if sig == signal.SIGINT else pair.b
     assert stack.proc.poll() is None
-    assert len(stack.children()) >= 5  # sim-engine, encoder-dispatcher, parsers, tools, gateway
+    assert len(stack.children()) >= 4  # sim-engine, a worker, tools, gateway
     took = stack.stop(sig)
     print(f"stopped by {signal.Signals(sig).name} in {took:.2f}s")
     assert stack.proc.returncode == 0

@@ -11,11 +11,12 @@ from tests.infra.test_cli import _env
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"), [("--encoders", "-1"), ("--dispatchers", "0"), ("--parser-workers", "0"), ("--encoders", "x")]
+    ("flag", "value"),
+    [("--workers", "0"), ("--encoders", "0"), ("--dispatchers", "0"), ("--parser-workers", "0"), ("--workers", "x")],
 )
 def test_a_process_count_out_of_range_is_refused(flag: str, value: str) -> None:
-    """`chorus up` refuses a stack without a dispatcher or a parser before starting anything;
-    encoders may be 0 (each dispatcher renders its own prompts)."""
+    """`chorus up` refuses a stack without a worker (or, with --split, without an encoder, a
+    dispatcher or a parser) before starting anything."""
     done = subprocess.run(
         [sys.executable, "-m", "services.cli", "up", flag, value],
         text=True,

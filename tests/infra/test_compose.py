@@ -1,7 +1,7 @@
 """docker-compose.yml stays a valid, deployable stack without Docker: the compose-spec JSON schema
 (vendored by check-jsonschema), Debian's `docker-compose config` when installed, and the rules
 of the deployment: `chorus serve` commands, cheap healthchecks, dependencies on health, what is
-published, a scalable parser, and every setting from the environment with the services' own
+published, scalable workers, and every setting from the environment with the services' own
 defaults."""
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ from tests.infra.compose import (
     services,
 )
 
-BUS_SERVICES = ("encoder-dispatcher", "parser", "tools", "gateway")  # on NATS, with a heartbeat
-# compose runs `chorus up`'s shape: the encoder inside the dispatcher's process; these two
+BUS_SERVICES = ("worker", "tools", "gateway")  # on NATS, with a heartbeat
+# compose runs `chorus up`'s shape: workers, each an encoder, a dispatcher and a parser; these
 # run alone only in a deployment that splits them (the file's comment says how)
-SPLIT_ONLY = {"encoder", "dispatcher"}
+SPLIT_ONLY = {"encoder", "dispatcher", "parser"}
 COMPOSED = sorted(set(SERVICE_MODULES) - SPLIT_ONLY)
 INFRA_SERVICES = ("nats", "redis", "jaeger", "prometheus", "grafana")
 
@@ -106,7 +106,7 @@ def test_docker_compose_interpolates_engines_models_and_credentials() -> None:
     )
     assert result.returncode == 0, result.stderr
     resolved = yaml.safe_load(result.stdout.replace("$$", "$"))["services"]  # its output escapes $
-    assert resolved["encoder-dispatcher"]["environment"]["CHORUS_ENGINES"] == (
+    assert resolved["worker"]["environment"]["CHORUS_ENGINES"] == (
         '["vllm=http://gpu1:8000","sglang=http://gpu2:30000"]'
     )
     assert resolved["gateway"]["environment"]["CHORUS_MODELS"] == '["openai/gpt-oss-120b"]'
@@ -150,7 +150,7 @@ def test_startup_waits_on_health_and_never_on_an_engine() -> None:
     for name in BUS_SERVICES:
         assert all_services[name]["depends_on"]["nats"]["condition"] == "service_healthy", name
     gateway_deps = all_services["gateway"]["depends_on"]
-    for dep in ("redis", "encoder-dispatcher", "parser", "tools"):
+    for dep in ("redis", "worker", "tools"):
         assert gateway_deps[dep]["condition"] == "service_healthy", dep
 
 
@@ -161,17 +161,17 @@ def test_only_the_gateway_and_the_uis_are_published() -> None:
         assert "network_mode" not in svc, f"{name}: host networking publishes everything"
 
 
-def test_the_parser_scales_with_per_replica_health() -> None:
-    parser = services()["parser"]
+def test_the_worker_scales_with_per_replica_health() -> None:
+    worker = services()["worker"]
     for key in ("container_name", "ports", "hostname"):
-        assert key not in parser, f"parser sets {key}: `--scale parser=N` would clash"
-    assert parser["deploy"]["replicas"] >= 2
-    assert parser["healthcheck"]["test"][1] == "chorus-healthcheck"  # runs in each replica
+        assert key not in worker, f"worker sets {key}: `--scale worker=N` would clash"
+    assert worker["deploy"]["replicas"] >= 2
+    assert worker["healthcheck"]["test"][1] == "chorus-healthcheck"  # runs in each replica
     assert not any("container_name" in svc for svc in services().values())
 
 
 def test_engines_models_and_credentials_come_from_the_environment() -> None:
-    engines = ONE_VARIABLE.match(environment("encoder-dispatcher")["CHORUS_ENGINES"] or "")
+    engines = ONE_VARIABLE.match(environment("worker")["CHORUS_ENGINES"] or "")
     assert engines is not None and engines["name"] == "CHORUS_ENGINES"
     models = ONE_VARIABLE.match(environment("gateway")["CHORUS_MODELS"] or "")
     assert models is not None and models["name"] == "CHORUS_MODELS"
@@ -256,7 +256,7 @@ def test_compose_defaults_are_the_services_defaults(service: str, monkeypatch: p
 
 
 def test_services_drain_before_docker_kills_them() -> None:
-    drain_s = float(resolved_environment("parser")["CHORUS_DRAIN_TIMEOUT_S"])
+    drain_s = float(resolved_environment("worker")["CHORUS_DRAIN_TIMEOUT_S"])
     for name in chorus_services():
         grace = str(services()[name]["stop_grace_period"])
         match = re.fullmatch(r"(\d+)s", ONE_VARIABLE.sub(lambda m: m["default"], grace))

@@ -28,8 +28,8 @@ def test_the_documented_reference_is_the_generated_one() -> None:
 
 
 def test_every_service_has_a_section() -> None:
-    """Each service's settings have a section; a process of two roles (encoder-dispatcher)
-    reads nothing but its roles' settings, and their sections name it."""
+    """Each service's settings have a section; a process of several roles (the worker) reads
+    nothing but its roles' settings, and their sections name it."""
     modules = {section.module for section in config_reference.SECTIONS}
     assert "services.common.settings" in modules
     documented = {name for s in config_reference.SECTIONS for name in config_reference.settings_class(s).model_fields}

@@ -231,16 +231,16 @@ async def _first_beat(bus_port: int, namespace: str, service: str, proc: subproc
         await nc.close()
 
 
-async def test_each_parser_replica_has_its_own_health(
+async def test_each_worker_replica_has_its_own_health(
     bus_port: int, tmp_path: Path, started: list[subprocess.Popen[bytes]]
 ) -> None:
     namespace = f"infra{uuid.uuid4().hex[:8]}"
-    envs = [_service_env("parser", tmp_path, bus_port, CHORUS_NAMESPACE=namespace) for _ in range(2)]
-    procs = [_start("parser", env, tmp_path, started) for env in envs]
-    checks = [_healthcheck("parser", env) for env in envs]
+    envs = [_service_env("worker", tmp_path, bus_port, CHORUS_NAMESPACE=namespace) for _ in range(2)]
+    procs = [_start("worker", env, tmp_path, started) for env in envs]
+    checks = [_healthcheck("worker", env) for env in envs]
     for proc, check, env in zip(procs, checks, envs, strict=True):
         await _first_beat(bus_port, namespace, "parser", proc)
-        _wait(lambda c=check, e=env: _healthy(c, e), HEALTHY_AFTER_BEAT_S, "parser replica healthy", proc)
+        _wait(lambda c=check, e=env: _healthy(c, e), HEALTHY_AFTER_BEAT_S, "worker replica healthy", proc)
     _stop(procs[0])
     assert not _healthy(checks[0], envs[0]), "a stopped replica is unhealthy"
     assert _healthy(checks[1], envs[1]), "the other replica stays healthy"
@@ -251,16 +251,12 @@ async def test_the_dispatcher_is_healthy_without_an_engine(
 ) -> None:
     namespace = f"infra{uuid.uuid4().hex[:8]}"
     env = _service_env(
-        "encoder-dispatcher",
-        tmp_path,
-        bus_port,
-        CHORUS_NAMESPACE=namespace,
-        CHORUS_ENGINES=f"sim=http://127.0.0.1:{free_port()}",
+        "worker", tmp_path, bus_port, CHORUS_NAMESPACE=namespace, CHORUS_ENGINES=f"sim=http://127.0.0.1:{free_port()}"
     )  # nothing listens there
-    proc = _start("encoder-dispatcher", env, tmp_path, started)
+    proc = _start("worker", env, tmp_path, started)
     await _first_beat(bus_port, namespace, "dispatcher", proc)
     _wait(
-        lambda: _healthy(_healthcheck("encoder-dispatcher", env), env),
+        lambda: _healthy(_healthcheck("worker", env), env),
         HEALTHY_AFTER_BEAT_S,
         "dispatcher healthy with its engine down",
         proc,

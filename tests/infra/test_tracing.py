@@ -30,9 +30,10 @@ from tests.e2e.conftest import MODEL, RunningStack, start_stack
 from tests.mcp_servers import serve_mcp
 
 SPANS_WITHIN_S = 20.0
-# `chorus up` runs the encoder and the dispatcher in one process, which traces as one service
+# `chorus up` runs the encoder, the dispatcher and the parser in worker processes, which trace
+# as one service
 GATEWAY, ENCODER, DISPATCHER, PARSER, TOOLS = (
-    f"chorus-{s}" for s in ("gateway", "encoder-dispatcher", "encoder-dispatcher", "parser", "tools")
+    f"chorus-{s}" for s in ("gateway", "worker", "worker", "worker", "tools")
 )
 GENAI = f"chat {MODEL}"  # the gateway's span of an API request, both APIs
 ENGINE = f"text_completion {MODEL}"

@@ -1,0 +1,79 @@
+"""A worker (`chorus serve worker`, the shape `chorus up` runs by default): an encoder, a
+dispatcher and a parser in one process.
+
+The roles stay what they are on the bus: the process beats as an encoder, a dispatcher and a
+parser under one instance id, takes jobs from the encoders' queue group and generations from the
+dispatchers', and parses the token frames any dispatcher sends to it. What changes is the way
+between them. A gateway that chooses this worker's parser for a generation sends the job to
+this worker's encoder (``Subjects.encoder_jobs``); the rendered prompt goes to the dispatcher
+beside it as a call, and the engine's tokens to the parser beside it as a call: the generation
+crosses the bus twice (job in, events out) instead of four times, and wakes two processes fewer
+before its first token. While its dispatcher drains, a prompt rendered here goes over the bus to
+another dispatcher; a dead worker is resumed elsewhere like a dead parser or dispatcher.
+
+Long prompts still render in the encoder's pool of processes, so the streams this worker relays
+never wait for a long render. Run the roles as processes of their own (`chorus up --split`) to
+scale them apart."""
+
+from __future__ import annotations
+
+import asyncio
+
+from contracts.messages.generate import GenerateRequest
+from services.common.harmony import harmony_encoding
+from services.common.runtime import Runtime
+from services.common.telemetry import setup_tracing
+from services.dispatcher import app as dispatcher_app
+from services.dispatcher.service import Dispatcher
+from services.dispatcher.workers import SelectionPolicy
+from services.encoder import app as encoder_app
+from services.encoder.service import Encoder
+from services.parser import app as parser_app
+from services.parser.session import token_bytes
+from services.worker.settings import Settings
+
+
+async def run(
+    settings: Settings,
+    stop: asyncio.Event | None = None,
+    *,
+    ready: asyncio.Event | None = None,
+    policy: SelectionPolicy | None = None,
+) -> None:
+    """Serve until ``stop`` (or a signal); ``ready`` is set once every role is subscribed."""
+    harmony_encoding()  # load the vocabulary before taking any work
+    token_bytes()
+    # one process, one service in the traces (the roles' Runtimes would name it after the first)
+    setup_tracing("worker", settings.otlp_endpoint, instance_id=settings.instance_id)
+    async with (
+        Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway",)) as rt,
+        Runtime.start(settings, "encoder", stop=rt.stop, nc=rt.bus.nc, metrics=False) as encoder_rt,
+        Runtime.start(settings, "parser", stop=rt.stop, nc=rt.bus.nc, metrics=False, watch=("gateway",)) as parser_rt,
+        parser_app.parsing(parser_rt, settings) as sessions,
+        Dispatcher(settings, policy=policy) as dispatcher,
+    ):
+        rt.metrics_service = "worker"  # the process answers the stack's metrics once, for all three
+
+        async def forward(request: GenerateRequest) -> None:
+            if rt.draining:  # this dispatcher takes no new work: another one does
+                await encoder.publish(request)
+            else:
+                await dispatcher.on_generate(request)
+
+        encoder = Encoder(settings, encoder_rt.bus, forward=forward)
+        encoder.start_pool()
+        try:
+            await dispatcher_app.wire(rt, dispatcher, local_parsers={settings.instance_id: sessions.take})
+            await encoder_app.wire(encoder_rt, encoder)
+            roles = (asyncio.Event(), asyncio.Event(), asyncio.Event())
+            async with asyncio.TaskGroup() as tg:
+                tg.create_task(rt.serve(ready=roles[0], drain=dispatcher.drain))
+                tg.create_task(encoder_rt.serve(ready=roles[1], drain=encoder.drain))
+                tg.create_task(
+                    parser_rt.serve(ready=roles[2], drain=parser_app.draining(parser_rt, settings, sessions))
+                )
+                if ready is not None:
+                    await asyncio.gather(*(role.wait() for role in roles))
+                    ready.set()
+        finally:
+            encoder.close()
