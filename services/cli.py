@@ -230,11 +230,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the encoders, dispatchers and parsers as processes of their own instead of workers",
     )
-    p_up.add_argument("--encoders", metavar="N", type=_count(1), default=1, help="with --split: encoder processes")
-    p_up.add_argument(
-        "--dispatchers", metavar="N", type=_count(1), default=1, help="with --split: dispatcher processes"
-    )
-    p_up.add_argument("--parser-workers", metavar="N", type=_count(1), default=2, help="with --split: parser processes")
+    for flag, default, what in (
+        ("--encoders", 1, "encoder"),
+        ("--dispatchers", 1, "dispatcher"),
+        ("--parser-workers", 2, "parser"),
+    ):
+        p_up.add_argument(
+            flag, metavar="N", type=_count(1), help=f"with --split: {what} processes (default: {default})"
+        )
     p_up.add_argument(
         "--nats-url",
         metavar="URL",
@@ -305,7 +308,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        given = [f for f in ("encoders", "dispatchers", "parser_workers") if getattr(args, f) is not None]
+        if given and not args.split:
+            flags = ", ".join("--" + f.replace("_", "-") for f in given)
+            parser.error(f"{flags}: only with --split (without it, --workers N sets the worker processes)")
     if args.command == "ping":
         url = args.nats_url or first_env("CHORUS_NATS_URL", "NATS_URL") or DEFAULT_NATS
         namespace = args.namespace or os.environ.get("CHORUS_NAMESPACE") or "chorus"

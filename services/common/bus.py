@@ -313,12 +313,20 @@ class Bus:
 
     async def close(self) -> None:
         for nc in (self.nc, self._side):
-            if nc is None:
-                continue
-            with contextlib.suppress(Exception):
-                await nc.drain()
-            with contextlib.suppress(Exception):
-                await nc.close()
+            await _close(nc)
+
+    async def close_side(self) -> None:
+        """Only the JetStream connection this bus opened (the main one is shared)."""
+        await _close(self._side)
+
+
+async def _close(nc: Any) -> None:
+    if nc is None:
+        return
+    with contextlib.suppress(Exception):
+        await nc.drain()
+    with contextlib.suppress(Exception):
+        await nc.close()
 
 
 Window = float | Callable[[], float]  # seconds, or asked at each frame

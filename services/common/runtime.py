@@ -54,6 +54,7 @@ class Runtime:
         )
         self.draining = False
         self.metrics_service = service  # the ``service`` label of this process's metrics
+        self.roles: list[Runtime] = [self]  # the roles sharing this process's connection
         # called after the NATS connection came back (messages may have been lost meanwhile)
         self.reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
 
@@ -67,23 +68,29 @@ class Runtime:
         stop: asyncio.Event | None = None,
         watch: tuple[str, ...] = (),
         nc: Any = None,
-        metrics: bool = True,
+        joins: Runtime | None = None,
     ) -> AsyncIterator[Runtime]:
-        """Connect (or use a connection ``nc`` this process already has: a faststream broker's,
-        or another role's) and listen to the heartbeats of the services in ``watch``. A process
-        with two roles answers the stack's metrics request once (``metrics`` on one of them)."""
+        """Connect (or use the faststream broker's connection ``nc``) and listen to the
+        heartbeats of the services in ``watch``. ``joins``: another role of this process (a
+        worker's), whose connection this role shares: its peers pause and resume with that
+        connection, and the process answers the stack's metrics request once, through it."""
         setup_tracing(service, settings.otlp_endpoint, instance_id=settings.instance_id)
         peers = Peers(dead_after=settings.dead_after_s, gateway_dead_after=settings.gateway_dead_after_s)
         reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
+        roles: list[Runtime] = []  # every role on this connection
 
         async def disconnected() -> None:
-            peers.pause()
+            for role in roles:
+                role.peers.pause()
 
         async def reconnected() -> None:
-            peers.resume()
-            for callback in reconnect_callbacks:
-                await callback()
+            for role in roles:
+                role.peers.resume()
+                for callback in role.reconnect_callbacks:
+                    await callback()
 
+        if joins is not None:
+            nc = joins.bus.nc
         if nc is None:
             bus = await Bus.connect(
                 settings.nats_url,
@@ -96,14 +103,18 @@ class Runtime:
             bus = Bus(nc, settings.subjects)
         rt = cls(settings, service, bus, stop or asyncio.Event(), peers)
         rt.reconnect_callbacks = reconnect_callbacks
+        rt.roles = joins.roles if joins is not None else roles
+        rt.roles.append(rt)
         try:
             if watch:
                 await peers.listen(bus, list(watch))
-            if metrics:
+            if joins is None:
                 await bus.nc.subscribe(settings.subjects.metrics, cb=rt.answer_metrics)
             yield rt
         finally:
-            if nc is None:
+            if joins is not None:
+                await bus.close_side()  # the shared connection is closed by the role that made it
+            elif nc is None:
                 await bus.close()
 
     async def answer_metrics(self, msg: Any) -> None:

@@ -153,6 +153,7 @@ class Generation:
     attempt: int = 0
     generation_id: str = ""
     parser: str = ""
+    worker: str = ""  # the worker the current attempt's job was sent to ("": the encoders' group)
     accepted: GenerationAccepted | None = None
     tokens: list[int] = field(default_factory=list)  # output tokens parsed so far
     finished: bool = False
@@ -375,7 +376,13 @@ class Generations:
             if (
                 (service == "parser" and generation.parser == instance)
                 or (service == "dispatcher" and generation.dispatcher == instance)
-                or (service in ("encoder", "dispatcher") and generation.accepted is None)
+                # not taken by an engine yet: it may be on any encoder or dispatcher of the
+                # groups, or on the one worker it was sent to
+                or (
+                    service in ("encoder", "dispatcher")
+                    and generation.accepted is None
+                    and generation.worker in ("", instance)
+                )
             ):
                 generation.deliver(Interrupted(generation.generation_id, f"the {service} serving it stopped"))
 
@@ -416,18 +423,21 @@ class Generations:
                 BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message="no parser service is running", retryable=True)
             )
         generation.parser = parser.beat.instance
+        generation.worker = parser.beat.instance if self._is_worker(parser.beat.instance) else ""
         self._active.pop(generation.generation_id, None)
         job = generation.job(self.gateway_id)
         self._active[generation.generation_id] = generation
-        await self.bus.publish(self._jobs_subject(parser.beat.instance), job)
+        subjects = self.bus.subjects
+        await self.bus.publish(subjects.encoder_jobs(generation.worker) if generation.worker else subjects.jobs, job)
 
-    def _jobs_subject(self, parser: str) -> str:
-        """A parser in a worker process (an encoder of the same instance takes work): the job
-        goes to that process, where it is rendered, streamed and parsed without crossing the
-        bus. Else to every encoder's queue group."""
-        if any(p.usable and p.beat.instance == parser for p in self.peers.alive("encoder")):
-            return self.bus.subjects.encoder_jobs(parser)
-        return self.bus.subjects.jobs
+    def _is_worker(self, parser: str) -> bool:
+        """Whether ``parser`` is a worker's whose encoder and dispatcher take work (its
+        engines answer): its job goes to that process, where it is rendered, streamed and
+        parsed without crossing the bus; else to the encoders' queue group."""
+        return all(
+            any(p.usable and p.beat.instance == parser for p in self.peers.alive(role))
+            for role in ("encoder", "dispatcher")
+        )
 
     async def cancel(self, generation_id: str, reason: str = "client_disconnected") -> None:
         self._active.pop(generation_id, None)

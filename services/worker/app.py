@@ -47,15 +47,15 @@ async def run(
     setup_tracing("worker", settings.otlp_endpoint, instance_id=settings.instance_id)
     async with (
         Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway",)) as rt,
-        Runtime.start(settings, "encoder", stop=rt.stop, nc=rt.bus.nc, metrics=False) as encoder_rt,
-        Runtime.start(settings, "parser", stop=rt.stop, nc=rt.bus.nc, metrics=False, watch=("gateway",)) as parser_rt,
+        Runtime.start(settings, "encoder", stop=rt.stop, joins=rt) as encoder_rt,
+        Runtime.start(settings, "parser", stop=rt.stop, joins=rt, watch=("gateway",)) as parser_rt,
         parser_app.parsing(parser_rt, settings) as sessions,
         Dispatcher(settings, policy=policy) as dispatcher,
     ):
         rt.metrics_service = "worker"  # the process answers the stack's metrics once, for all three
 
         async def forward(request: GenerateRequest) -> None:
-            if rt.draining:  # this dispatcher takes no new work: another one does
+            if rt.draining or not dispatcher.readiness()[0]:  # another dispatcher takes it
                 await encoder.publish(request)
             else:
                 await dispatcher.on_generate(request)

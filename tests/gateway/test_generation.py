@@ -93,20 +93,30 @@ async def test_an_attempt_cut_by_the_engine_leaves_its_item_open_for_the_next() 
 
 
 async def test_a_job_goes_to_the_worker_whose_parser_was_chosen() -> None:
-    """A parser that is a worker's (an encoder beats under the same id and takes work): the job
-    goes to that worker's encoder, so the generation stays in one process. Any other parser, or
-    a worker's encoder that drains: to the encoders' queue group."""
+    """A parser that is a worker's (an encoder and a dispatcher beat under the same id and
+    take work): the job goes to that worker, so the generation stays in one process. Any other
+    parser, or a worker that drains or whose engines are down: to the encoders' queue group."""
     owner = Owner()
-    subjects = owner.bus.subjects
-    for service, instance, draining in [
-        ("encoder", "w1", False),
-        ("parser", "w1", False),
-        ("encoder", "w2", True),
-        ("parser", "w2", False),
-        ("encoder", "e1", False),
-        ("parser", "p1", False),
+    for service, instance, draining, ready in [
+        *((role, "w1", False, True) for role in ("encoder", "dispatcher", "parser")),
+        *((role, "w2", role == "encoder", True) for role in ("encoder", "dispatcher", "parser")),
+        *((role, "w3", False, role != "dispatcher") for role in ("encoder", "dispatcher", "parser")),
+        ("encoder", "e1", False, True),
+        ("parser", "p1", False, True),
     ]:
-        await owner.peers.observe(Heartbeat(service=service, instance=instance, interval_s=1, draining=draining))
-    assert owner._jobs_subject("w1") == subjects.encoder_jobs("w1")
-    assert owner._jobs_subject("w2") == subjects.jobs
-    assert owner._jobs_subject("p1") == subjects.jobs
+        beat = Heartbeat(service=service, instance=instance, interval_s=1, draining=draining, ready=ready)
+        await owner.peers.observe(beat)
+    assert [owner._is_worker(p) for p in ("w1", "w2", "w3", "p1")] == [True, False, False, False]
+
+
+async def test_a_worker_death_interrupts_only_what_it_holds() -> None:
+    """Generations not taken by an engine yet: one sent to a worker is interrupted when that
+    worker dies, not when another does; one sent to the encoders' group by any encoder death."""
+    owner = Owner()
+    spec = GenerationSpec(EncodeRequest(model="m", items=[]), SamplingParams(), ParseSpec(request_id="r"), None)
+    on_w1, on_w2, grouped = (Generation(spec, owner, 5.0, 5.0, generation_id=g) for g in ("a", "b", "c"))
+    on_w1.worker, on_w2.worker = "w1", "w2"
+    for generation in (on_w1, on_w2, grouped):
+        owner._active[generation.generation_id] = generation
+    await owner.on_death("encoder", "w1")
+    assert [len(g._inbox) for g in (on_w1, on_w2, grouped)] == [1, 0, 1]

@@ -27,3 +27,17 @@ def test_a_process_count_out_of_range_is_refused(flag: str, value: str) -> None:
     )
     assert done.returncode == 2, done
     assert f"argument {flag}: want a whole number of at least" in done.stderr
+
+
+def test_split_counts_need_split() -> None:
+    """The counts of the split shape without --split would be ignored: refused, naming them."""
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "up", "--parser-workers", "3", "--dispatchers", "2"],
+        text=True,
+        capture_output=True,
+        timeout=60,
+        env=_env(),
+        check=False,
+    )
+    assert done.returncode == 2, done
+    assert "--dispatchers, --parser-workers: only with --split" in done.stderr
