@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from chorus_stack import Stack, chorus_services, rss_mb  # noqa: E402
+from chorus_stack import Stack, add_shape_argument, chorus_services, rss_mb  # noqa: E402
 from stream_clients import pct, prompt_ids  # noqa: E402
 
 MODEL = "openai/gpt-oss-20b"
@@ -179,14 +179,7 @@ if __name__ == "__main__":
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--throughput-tokens", type=int, default=2000)
     ap.add_argument("--throughput-requests", type=int, default=128)
-    ap.add_argument(
-        "--split",
-        dest="up_args",
-        action="store_const",
-        const=["--split"],
-        default=[],
-        help="run the encoder, dispatcher and parsers as processes of their own (`chorus up --split`)",
-    )
+    add_shape_argument(ap)
     ap.add_argument(
         "--tokens-per-chunk",
         type=int,

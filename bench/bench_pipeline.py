@@ -33,7 +33,7 @@ from typing import Any
 import aiohttp
 
 # bench/ modules (the script's directory is on sys.path)
-from chorus_stack import ROOT, Stack, chorus_services, cpu_seconds, rss_mb, show_logs
+from chorus_stack import ROOT, Stack, add_shape_argument, chorus_services, cpu_seconds, rss_mb, show_logs
 from stream_clients import Load, Result, chat_text, chorus_once, direct_once, pct, prompt_ids, run_load
 
 WARMUP = 20
@@ -304,14 +304,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--tokens-per-chunk", type=int, default=1, help="tokens the simulated engine sends per stream event"
     )
-    ap.add_argument(
-        "--split",
-        dest="up_args",
-        action="store_const",
-        const=["--split"],
-        default=[],
-        help="run the encoder, dispatcher and parsers as processes of their own (`chorus up --split`)",
-    )
+    add_shape_argument(ap)
     ap.add_argument("--quick", action="store_true", help="smoke run: 30 requests, 20 throughput requests of 500 tokens")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
     ap.add_argument("--keep-logs", action="store_true", help="keep the services' log directory")

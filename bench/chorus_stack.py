@@ -24,6 +24,19 @@ SERVICES = ("gateway", "worker", "encoder", "dispatcher", "parser", "tools")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def add_shape_argument(ap: argparse.ArgumentParser) -> None:
+    """``--split``: the stack's encoder, dispatcher and parsers as processes of their own
+    (`chorus up --split`) instead of its default workers."""
+    ap.add_argument(
+        "--split",
+        dest="up_args",
+        action="store_const",
+        const=["--split"],
+        default=[],
+        help="run the encoder, dispatcher and parsers as processes of their own (`chorus up --split`)",
+    )
+
+
 def proc_cmdline(pid: int) -> str:
     return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
 

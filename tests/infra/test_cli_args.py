@@ -17,22 +17,20 @@ from tests.infra.test_cli import _env
 def test_a_process_count_out_of_range_is_refused(flag: str, value: str) -> None:
     """`chorus up` refuses a stack without a worker (or, with --split, without an encoder, a
     dispatcher or a parser) before starting anything."""
-    done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "up", flag, value],
-        text=True,
-        capture_output=True,
-        timeout=60,
-        env=_env(),
-        check=False,
-    )
-    assert done.returncode == 2, done
+    done = _refused("up", "--split", flag, value)
     assert f"argument {flag}: want a whole number of at least" in done.stderr
 
 
 def test_split_counts_need_split() -> None:
     """The counts of the split shape without --split would be ignored: refused, naming them."""
+    done = _refused("up", "--parser-workers", "3", "--dispatchers", "2")
+    assert "--dispatchers, --parser-workers: only with --split" in done.stderr
+
+
+def _refused(*args: str) -> subprocess.CompletedProcess[str]:
+    """`chorus ARGS`, which must exit 2 (argparse's usage error) without starting anything."""
     done = subprocess.run(
-        [sys.executable, "-m", "services.cli", "up", "--parser-workers", "3", "--dispatchers", "2"],
+        [sys.executable, "-m", "services.cli", *args],
         text=True,
         capture_output=True,
         timeout=60,
@@ -40,4 +38,4 @@ def test_split_counts_need_split() -> None:
         check=False,
     )
     assert done.returncode == 2, done
-    assert "--dispatchers, --parser-workers: only with --split" in done.stderr
+    return done
