@@ -22,8 +22,8 @@ from services.common.metrics import REGISTRY
 
 
 async def gather(bus: Bus, peers: Peers, services: tuple[str, ...], timeout: float) -> list[MetricsSnapshot]:
-    # one answer per process: one that serves two roles (an encoder and a dispatcher) beats
-    # under both with the same instance id, and answers once
+    # one answer per process: a worker beats as its three roles (encoder, dispatcher, parser)
+    # under one instance id, and answers once
     expected = len({p.beat.instance for s in services for p in peers.alive(s)})
     replies: list[MetricsSnapshot] = []
     done = asyncio.Event()
