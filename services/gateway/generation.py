@@ -153,7 +153,7 @@ class Generation:
     attempt: int = 0
     generation_id: str = ""
     parser: str = ""
-    worker: str = ""  # the worker the current attempt's job was sent to ("": the encoders' group)
+    sent_to: str = ""  # the Chorus worker process the attempt's job went to ("": the encoders' group)
     accepted: GenerationAccepted | None = None
     tokens: list[int] = field(default_factory=list)  # output tokens parsed so far
     finished: bool = False
@@ -381,7 +381,7 @@ class Generations:
                 or (
                     service in ("encoder", "dispatcher")
                     and generation.accepted is None
-                    and generation.worker in ("", instance)
+                    and generation.sent_to in ("", instance)
                 )
             ):
                 generation.deliver(Interrupted(generation.generation_id, f"the {service} serving it stopped"))
@@ -423,12 +423,12 @@ class Generations:
                 BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message="no parser service is running", retryable=True)
             )
         generation.parser = parser.beat.instance
-        generation.worker = parser.beat.instance if self._is_worker(parser.beat.instance) else ""
+        generation.sent_to = parser.beat.instance if self._is_worker(parser.beat.instance) else ""
         self._active.pop(generation.generation_id, None)
         job = generation.job(self.gateway_id)
         self._active[generation.generation_id] = generation
         subjects = self.bus.subjects
-        await self.bus.publish(subjects.encoder_jobs(generation.worker) if generation.worker else subjects.jobs, job)
+        await self.bus.publish(subjects.encoder_jobs(generation.sent_to) if generation.sent_to else subjects.jobs, job)
 
     def _is_worker(self, parser: str) -> bool:
         """Whether ``parser`` is a worker's whose encoder and dispatcher take work (its

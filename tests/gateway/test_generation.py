@@ -115,7 +115,7 @@ async def test_a_worker_death_interrupts_only_what_it_holds() -> None:
     owner = Owner()
     spec = GenerationSpec(EncodeRequest(model="m", items=[]), SamplingParams(), ParseSpec(request_id="r"), None)
     on_w1, on_w2, grouped = (Generation(spec, owner, 5.0, 5.0, generation_id=g) for g in ("a", "b", "c"))
-    on_w1.worker, on_w2.worker = "w1", "w2"
+    on_w1.sent_to, on_w2.sent_to = "w1", "w2"
     for generation in (on_w1, on_w2, grouped):
         owner._active[generation.generation_id] = generation
     await owner.on_death("encoder", "w1")
