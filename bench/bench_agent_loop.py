@@ -5,8 +5,9 @@ two ways through the same `chorus up` (simulated engine, zero delay):
 - WebSocket: one socket, each turn sends only the tool's output and the next question with
   `previous_response_id` (the socket holds the chain).
 
-Prints end-to-end time per turn, and the gateway's and encoder's CPU per turn, for both, beside
-the issue's targets (WebSocket >= 30% faster end to end; its per-turn cost flat in the history).
+Prints end-to-end time per turn, and the CPU per turn of the gateway and of the processes that
+render (the workers; the encoder with `chorus up --split`), for both, beside the issue's
+targets (WebSocket >= 30% faster end to end; its per-turn cost flat in the history).
 
     python bench/bench_agent_loop.py [--turns 20] [--output-lines 180]
 """
@@ -54,13 +55,14 @@ def call_of(output: list[Any]) -> Any:
 
 
 class Meter:
-    """CPU seconds of the gateway and the encoder between two readings."""
+    """CPU seconds of the gateway and the rendering processes (workers, or the encoder) between
+    two readings."""
 
     def __init__(self, stack: Stack) -> None:
         self.pids = {
             pid: name
             for pid, name in chorus_services(stack.up.pid).items()
-            if name.split("-")[0] in ("gateway", "encoder")
+            if name.split("-")[0] in ("gateway", "worker", "encoder")
         }
 
     def read(self) -> dict[str, float]:
