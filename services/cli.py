@@ -33,6 +33,8 @@ BUS_SERVICES = tuple(s for s in SERVICE_MODULES if s != "sim-engine")
 # what beats on the bus (`chorus ping`): a worker beats as each of its roles
 ROLES = tuple(s for s in BUS_SERVICES if s != "worker")
 ENGINE_KINDS = ("vllm", "sglang", "sim", "openai", "openai-chat")
+# `chorus up --split`: (option, default, what it counts); given without --split, refused
+SPLIT_COUNTS = (("--encoders", 1, "encoder"), ("--dispatchers", 1, "dispatcher"), ("--parser-workers", 2, "parser"))
 
 
 def version() -> str:
@@ -164,6 +166,10 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _dest(flag: str) -> str:
+    return flag.removeprefix("--").replace("-", "_")
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Each option's default after its help, unless there is none to show."""
 
@@ -230,11 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run the encoders, dispatchers and parsers as processes of their own instead of workers",
     )
-    for flag, default, what in (
-        ("--encoders", 1, "encoder"),
-        ("--dispatchers", 1, "dispatcher"),
-        ("--parser-workers", 2, "parser"),
-    ):
+    for flag, default, what in SPLIT_COUNTS:
         p_up.add_argument(
             flag, metavar="N", type=_count(1), help=f"with --split: {what} processes (default: {default})"
         )
@@ -311,10 +313,12 @@ def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "up":
-        given = [f for f in ("encoders", "dispatchers", "parser_workers") if getattr(args, f) is not None]
+        given = [flag for flag, _, _ in SPLIT_COUNTS if getattr(args, _dest(flag)) is not None]
         if given and not args.split:
-            flags = ", ".join("--" + f.replace("_", "-") for f in given)
-            parser.error(f"{flags}: only with --split (without it, --workers N sets the worker processes)")
+            parser.error(f"{', '.join(given)}: only with --split (without it, --workers N sets the worker processes)")
+        for flag, default, _ in SPLIT_COUNTS:  # the defaults, once it is known none was given alone
+            if getattr(args, _dest(flag)) is None:
+                setattr(args, _dest(flag), default)
     if args.command == "ping":
         url = args.nats_url or first_env("CHORUS_NATS_URL", "NATS_URL") or DEFAULT_NATS
         namespace = args.namespace or os.environ.get("CHORUS_NAMESPACE") or "chorus"

@@ -234,9 +234,9 @@ def _pipeline(args: argparse.Namespace) -> list[tuple[str, str]]:
     if not args.split:
         return named("worker", args.workers, always=True)
     return [
-        *named("encoder", args.encoders or 1),
-        *named("dispatcher", args.dispatchers or 1),
-        *named("parser", args.parser_workers or 2, always=True),
+        *named("encoder", args.encoders),
+        *named("dispatcher", args.dispatchers),
+        *named("parser", args.parser_workers, always=True),
     ]
 
 

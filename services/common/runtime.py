@@ -54,7 +54,7 @@ class Runtime:
         )
         self.draining = False
         self.metrics_service = service  # the ``service`` label of this process's metrics
-        self.roles: list[Runtime] = [self]  # the roles sharing this process's connection
+        self.roles: list[Runtime] = []  # the roles sharing this process's connection (``start``)
         # called after the NATS connection came back (messages may have been lost meanwhile)
         self.reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
 
@@ -76,8 +76,7 @@ class Runtime:
         connection, and the process answers the stack's metrics request once, through it."""
         setup_tracing(service, settings.otlp_endpoint, instance_id=settings.instance_id)
         peers = Peers(dead_after=settings.dead_after_s, gateway_dead_after=settings.gateway_dead_after_s)
-        reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
-        roles: list[Runtime] = []  # every role on this connection
+        roles: list[Runtime] = joins.roles if joins is not None else []  # every role on this connection
 
         async def disconnected() -> None:
             for role in roles:
@@ -102,9 +101,8 @@ class Runtime:
         else:
             bus = Bus(nc, settings.subjects)
         rt = cls(settings, service, bus, stop or asyncio.Event(), peers)
-        rt.reconnect_callbacks = reconnect_callbacks
-        rt.roles = joins.roles if joins is not None else roles
-        rt.roles.append(rt)
+        rt.roles = roles
+        roles.append(rt)
         try:
             if watch:
                 await peers.listen(bus, list(watch))
