@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from contracts.subjects import Subjects
+from services.common import runfile
 from services.common.infra import redact
 from services.up import DEFAULT_NATS, DEFAULT_PORT, DEFAULT_REDIS, NAMESPACE, first_env, up
 
@@ -30,8 +32,10 @@ SERVICE_MODULES = {
     "sim-engine": "services.simengine",
 }
 BUS_SERVICES = tuple(s for s in SERVICE_MODULES if s != "sim-engine")
-# what beats on the bus (`chorus ping`): a worker beats as each of its roles
+# what beats on the bus: a worker beats as each of its roles (`chorus ping worker` waits for
+# one instance beating as all three)
 ROLES = tuple(s for s in BUS_SERVICES if s != "worker")
+WORKER_ROLES = ("encoder", "dispatcher", "parser")
 ENGINE_KINDS = ("vllm", "sglang", "sim", "openai", "openai-chat")
 # `chorus up --split`: (option, default, what it counts); given without --split, refused
 SPLIT_COUNTS = (("--encoders", 1, "encoder"), ("--dispatchers", 1, "dispatcher"), ("--parser-workers", 2, "parser"))
@@ -104,19 +108,23 @@ def serve(name: str, connect_timeout: float) -> int:
     return 0
 
 
-async def ping(service: str, nats_url: str, namespace: str, timeout: float) -> int:
-    """Exit 0 when an instance of ``service`` says it is ready (its heartbeat)."""
-    from contracts.subjects import Subjects
-    from services.common.probe import Unreachable, connect, first_beat
+async def ping(service: str, nats_url: str, namespace: str, timeout: float, creds: dict[str, str]) -> int:
+    """Exit 0 when an instance of ``service`` says it is ready (its heartbeat; a worker's, on
+    each of its roles' subjects under one instance id)."""
+    from services.common.probe import Unreachable, connect, first_beat, worker_beat
 
     deadline = time.monotonic() + timeout
     try:
-        nc = await connect(nats_url, timeout, "chorus-ping")
+        nc = await connect(nats_url, timeout, "chorus-ping", creds=creds)
     except Unreachable as exc:
         print(f"chorus ping {service}: {exc}", file=sys.stderr, flush=True)
         return 1
+    left = max(0.1, deadline - time.monotonic())
     try:
-        beat = await first_beat(nc, Subjects(namespace).heartbeat(service), max(0.1, deadline - time.monotonic()))
+        if service == "worker":
+            beat = await worker_beat(nc, namespace, WORKER_ROLES, left)
+        else:
+            beat = await first_beat(nc, Subjects(namespace).heartbeat(service), left)
     finally:
         await nc.close()
     if beat is None:
@@ -129,6 +137,20 @@ async def ping(service: str, nats_url: str, namespace: str, timeout: float) -> i
         return 1
     print(f"{service} {beat.instance}: {'ready' if beat.ready else 'NOT ready'} {beat.detail}".rstrip())
     return 0 if beat.ready else 1
+
+
+def _ping_target(args: argparse.Namespace) -> tuple[str, str, dict[str, str]]:
+    """The NATS and namespace to ping, and the credentials: as given, else the running `chorus
+    up`'s of that namespace on this machine (its own NATS has a password made for the run)."""
+    namespace = args.namespace or os.environ.get("CHORUS_NAMESPACE") or "chorus"
+    given = args.nats_url or first_env("CHORUS_NATS_URL", "NATS_URL")
+    stack = runfile.read(namespace)
+    creds: dict[str, str] = {}
+    if stack is not None and (given is None or given == stack.get("nats_url")):
+        if stack.get("nats_user") and stack.get("nats_password"):
+            creds = {"user": stack["nats_user"], "password": stack["nats_password"]}
+        return str(stack["nats_url"]), namespace, creds
+    return given or DEFAULT_NATS, namespace, creds
 
 
 def _parse_builtin(spec: str) -> str:
@@ -187,7 +209,14 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, help: str) -> argparse.ArgumentParser:
         return sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
 
-    log_format = os.environ.get("CHORUS_LOG_FORMAT", "text")
+    def add_log_format(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--log-format",
+            choices=("text", "json"),
+            default=os.environ.get("CHORUS_LOG_FORMAT", "text"),
+            help="log lines: text, or one JSON object per line (CHORUS_LOG_FORMAT)",
+        )
+
     p_up = command("up", "start the whole stack (embedded NATS/Redis and the simulated engine by default)")
     p_up.add_argument("--host", metavar="HOST", default="127.0.0.1", help="address the gateway listens on")
     p_up.add_argument("--port", metavar="PORT", type=int, default=DEFAULT_PORT, help="the gateway's port")
@@ -253,14 +282,18 @@ def build_parser() -> argparse.ArgumentParser:
         f"{DEFAULT_REDIS}); when none answers, one is started",
     )
     p_up.add_argument("--sim-port", metavar="PORT", type=int, help="port of the simulated engine (default: a free one)")
-    p_up.add_argument("--log-dir", metavar="DIR", help="write each process's log to DIR/NAME.log (default: discarded)")
+    p_up.add_argument(
+        "--log-dir",
+        metavar="DIR",
+        help="write each process's whole log to DIR/NAME.log (without it, only the lines shown at the terminal)",
+    )
     p_up.add_argument("--log-level", metavar="LEVEL", default="INFO", help="the services' log level")
     p_up.add_argument(
-        "--log-format",
-        choices=("text", "json"),
-        default=log_format,
-        help="the services' log lines: text, or one JSON object per line (CHORUS_LOG_FORMAT)",
+        "--quiet",
+        action="store_true",
+        help="print only chorus up's own lines (not the access lines, warnings and errors of the services)",
     )
+    add_log_format(p_up)
     p_up.add_argument(
         "--startup-timeout",
         metavar="SECONDS",
@@ -271,12 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p_serve = command("serve", "run one service in this process (settings from CHORUS_* variables)")
     p_serve.add_argument("service", choices=sorted(SERVICE_MODULES), help="the service")
-    p_serve.add_argument(
-        "--log-format",
-        choices=("text", "json"),
-        default=log_format,
-        help="log lines: text, or one JSON object per line (CHORUS_LOG_FORMAT)",
-    )
+    add_log_format(p_serve)
     p_serve.add_argument(
         "--connect-timeout",
         metavar="SECONDS",
@@ -286,9 +314,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p_ping = command("ping", "exit 0 when a replica of SERVICE answers ready on the bus")
-    p_ping.add_argument("service", choices=ROLES, help="the service")
+    p_ping.add_argument("service", choices=("worker", *ROLES), help="the service")
     p_ping.add_argument(
-        "--nats-url", metavar="URL", help=f"default: $CHORUS_NATS_URL or $NATS_URL, else {DEFAULT_NATS}"
+        "--nats-url",
+        metavar="URL",
+        help=f"default: $CHORUS_NATS_URL or $NATS_URL, else the NATS of the `chorus up` running in the "
+        f"namespace on this machine (with its password), else {DEFAULT_NATS}",
     )
     p_ping.add_argument(
         "--namespace",
@@ -320,9 +351,8 @@ def _main(argv: list[str] | None) -> int:
             if getattr(args, _dest(flag)) is None:
                 setattr(args, _dest(flag), default)
     if args.command == "ping":
-        url = args.nats_url or first_env("CHORUS_NATS_URL", "NATS_URL") or DEFAULT_NATS
-        namespace = args.namespace or os.environ.get("CHORUS_NAMESPACE") or "chorus"
-        return asyncio.run(_until_signal(ping(args.service, url, namespace, args.timeout)))
+        url, namespace, creds = _ping_target(args)
+        return asyncio.run(_until_signal(ping(args.service, url, namespace, args.timeout, creds)))
     if args.log_format not in ("text", "json"):  # from CHORUS_LOG_FORMAT
         print(f"chorus: CHORUS_LOG_FORMAT must be text or json, got {args.log_format!r}", file=sys.stderr)
         return 2

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from services.common import runfile
 from services.common.infra import ManagedProcess, ensure_nats, ensure_redis, free_port, port_in_use, redact
 from services.supervisor import Child, Supervisor, service_args
 
@@ -117,7 +118,7 @@ def _check_namespace(nats_url: str, namespace: str) -> None:
 
 
 def up(args: argparse.Namespace) -> int:
-    stack = Supervisor()
+    stack = Supervisor(terminal=None if args.quiet else sys.stdout)
     stopping = starting = False
 
     def _on_signal(signum: int, _frame: object) -> None:
@@ -152,16 +153,36 @@ def up(args: argparse.Namespace) -> int:
         if nats_proc is not None:
             _adopt(stack, "nats-server", nats_proc, log("nats"))
             print(
-                f"chorus: started nats-server (JetStream) at {nats_url} (clients need this stack's password)",
+                f"chorus: NATS: started nats-server (JetStream) at {nats_url}, for this stack only "
+                "(a password made for this run; `chorus ping` finds it)",
                 flush=True,
             )
             nats_env = {"CHORUS_NATS_USER": own_nats[0], "CHORUS_NATS_PASSWORD": own_nats[1]}
         else:
             _check_namespace(nats_url, namespace)
+            print(
+                f"chorus: NATS: using the server already running at {redact(nats_url)} (not started by "
+                f"chorus up; subjects under {namespace}.)",
+                flush=True,
+            )
         redis_proc, redis_url = ensure_redis(redis_asked or DEFAULT_REDIS, log("redis"), at_url=bool(redis_asked))
         if redis_proc is not None:
             _adopt(stack, "redis-server", redis_proc, log("redis"))
-            print(f"chorus: started redis-server at {redis_url}", flush=True)
+            print(f"chorus: Redis: started redis-server at {redis_url}, for this stack only", flush=True)
+        else:
+            print(
+                f"chorus: Redis: using the server already running at {redact(redis_url)} (not started by "
+                f"chorus up; keys under {namespace}:, see docs/operations.md for which expire)",
+                flush=True,
+            )
+        run_file = runfile.write(
+            namespace,
+            nats_url=nats_url,
+            nats_user=nats_env.get("CHORUS_NATS_USER"),
+            nats_password=nats_env.get("CHORUS_NATS_PASSWORD"),
+            gateway=f"http://{args.host}:{args.port}",
+        )
+        stack.cleanup.append(run_file)
         env = {
             **os.environ,
             "CHORUS_NATS_URL": nats_url,
@@ -257,7 +278,9 @@ def _watch(
             if not told:
                 crashing = next((c for c in stack.children if c.failures >= 3), None)
                 if crashing is not None:
-                    raise RuntimeError(f"{crashing.name} keeps exiting during start-up (see its log)")
+                    where = f"; its log: {args.log_dir}/{crashing.name}.log" if args.log_dir else ""
+                    last = "".join(f"\n  {crashing.name} | {line}" for line in list(crashing.last)[-12:])
+                    raise RuntimeError(f"{crashing.name} keeps exiting during start-up{where}; its last lines:{last}")
             state, missing = _health(base, namespace)
             next_poll = time.monotonic() + 0.25
             if state == "ready":

@@ -14,6 +14,7 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NatsClient
+from nats.errors import AuthorizationError
 
 from contracts.messages.control import Heartbeat
 from contracts.subjects import Subjects
@@ -25,9 +26,18 @@ class Unreachable(Exception):
     """NATS did not answer in time (or refused us)."""
 
 
-async def connect(url: str, timeout: float, name: str = "chorus-probe") -> NatsClient:
+AUTH_HINT = (
+    "the server refused this client's credentials (Authorization Violation): give its user and password "
+    "(CHORUS_NATS_USER / CHORUS_NATS_PASSWORD)"
+)
+
+
+async def connect(
+    url: str, timeout: float, name: str = "chorus-probe", creds: dict[str, str] | None = None
+) -> NatsClient:
     """A plain connection (no reconnecting) to the NATS at ``url``, trying again until
-    ``timeout`` seconds have passed (a server may be starting)."""
+    ``timeout`` seconds have passed (a server may be starting); refused credentials end it at
+    once, said as such. ``creds``: user and password (default: from the environment)."""
     deadline = time.monotonic() + timeout
     errors: list[Exception] = []  # what the client met (its own exception says less)
 
@@ -49,13 +59,20 @@ async def connect(url: str, timeout: float, name: str = "chorus-probe") -> NatsC
                     max_reconnect_attempts=0,
                     connect_timeout=max(0.1, min(2.0, left)),
                     error_cb=on_error,
-                    **credentials(),
+                    **(creds if creds else credentials()),
                 ),
                 max(0.1, left),
             )
         except Exception as exc:  # noqa: BLE001 - retried until the deadline, then reported
-            reason = _reason(errors[-1] if errors else exc)
+            met = errors[-1] if errors else exc
+            if _refused_credentials(met):
+                raise Unreachable(f"cannot use NATS at {redact(url)}: {AUTH_HINT}") from None
+            reason = _reason(met)
         await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
+
+
+def _refused_credentials(exc: BaseException) -> bool:
+    return isinstance(exc, AuthorizationError) or "authorization violation" in str(exc).lower()
 
 
 def _reason(exc: BaseException) -> str:
@@ -97,3 +114,32 @@ async def namespace_in_use(url: str, namespace: str, listen_s: float, connect_ti
         return await first_beat(nc, Subjects(namespace).heartbeats, listen_s)
     finally:
         await nc.close()
+
+
+async def worker_beat(nc: NatsClient, namespace: str, roles: tuple[str, ...], timeout: float) -> Heartbeat | None:
+    """A heartbeat of a worker process: one instance beating as every one of ``roles`` (its
+    roles beat under one instance id), not leaving; None when none does within ``timeout``."""
+    subjects = Subjects(namespace)
+    seen: dict[str, dict[str, Heartbeat]] = {}
+    found: asyncio.Future[Heartbeat] = asyncio.get_running_loop().create_future()
+
+    async def on_beat(msg: Any) -> None:
+        with contextlib.suppress(ValueError):
+            beat = Heartbeat.model_validate_json(msg.data)
+            if beat.stopping or beat.draining or beat.service not in roles:
+                return
+            mine = seen.setdefault(beat.instance, {})
+            mine[beat.service] = beat
+            if len(mine) == len(roles) and not found.done():
+                ready = all(b.ready for b in mine.values())
+                detail = "; ".join(dict.fromkeys(b.detail for b in mine.values() if b.detail))
+                found.set_result(beat.model_copy(update={"service": "worker", "ready": ready, "detail": detail}))
+
+    sub = await nc.subscribe(subjects.heartbeats, cb=on_beat)
+    try:
+        return await asyncio.wait_for(found, timeout)
+    except TimeoutError:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()

@@ -171,7 +171,9 @@ def build_app(settings: Settings) -> FastAPI:
             peers = ctx.peers.alive(service)
             ready = [p for p in peers if p.beat.ready and not p.beat.draining]
             ok = ok and bool(ready)
-            detail = "; ".join(p.beat.detail for p in peers if p.beat.detail) or (
+            # the instances of a role often say the same (every worker's dispatcher sees the
+            # same engines): each thing once
+            detail = "; ".join(dict.fromkeys(p.beat.detail for p in peers if p.beat.detail)) or (
                 f"{len(ready)}/{len(peers)} instances ready" if peers else "no instance is running"
             )
             status[service] = {"ready": bool(ready), "instances": len(peers), "detail": detail}

@@ -192,24 +192,30 @@ class Edge:
         path = scope.get("path", "")
         if path in ("/health", "/metrics") and status == 200:
             return  # probes and scrapes: not one line each
-        extra = " ".join(f"{k}={v}" for k, v in notes.items() if v is not None)
-        log.info(
-            "%s %s %s %.1fms request_id=%s %s",
-            scope.get("method", ""),
-            path,
-            status,
-            seconds * 1000,
-            request_id,
-            extra,
-            extra={
+        access_line(scope.get("method", ""), path, status, seconds, request_id, notes)
+
+
+def access_line(method: str, path: str, status: int, seconds: float, request_id: str, notes: dict[str, Any]) -> None:
+    """The access log's line for one request (an HTTP request, or a response run over a
+    WebSocket: method ``WS``)."""
+    extra = " ".join(f"{k}={v}" for k, v in notes.items() if v is not None)
+    log.info(
+        "%s %s %s %.1fms request_id=%s %s",
+        method,
+        path,
+        status,
+        seconds * 1000,
+        request_id,
+        extra,
+        extra={
+            "request_id": request_id,
+            "request": {
+                "method": method,
+                "path": path,
+                "status": status,
+                "ms": round(seconds * 1000, 1),
                 "request_id": request_id,
-                "request": {
-                    "method": scope.get("method"),
-                    "path": path,
-                    "status": status,
-                    "ms": round(seconds * 1000, 1),
-                    "request_id": request_id,
-                    **notes,
-                },
+                **notes,
             },
-        )
+        },
+    )

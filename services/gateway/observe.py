@@ -23,6 +23,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from contracts.messages.parse import Usage
 from services.common import metrics, telemetry
+from services.gateway.http import access_line
 
 
 @dataclass
@@ -35,6 +36,9 @@ class Observed:
     started: float = field(default_factory=time.monotonic)
     first: float | None = None
     done: bool = False
+    # a request without an HTTP request of its own (a response over a WebSocket) writes its
+    # own access line when it finishes: (method, path, client's request id)
+    access: tuple[str, str, str] | None = None
 
     @classmethod
     def start(
@@ -66,7 +70,7 @@ class Observed:
         notes: dict[str, Any] = {}
         if request is not None:
             notes = request.state.notes if hasattr(request.state, "notes") else {}
-            notes.update(api=api, model=model, id=request_id)
+        notes.update(api=api, model=model, id=request_id)
         metrics.IN_FLIGHT.labels(api).inc()
         return cls(api, model, request_id, span, notes)
 
@@ -117,6 +121,18 @@ class Observed:
             telemetry.failed(span, outcome, error)
             self.notes["reason"] = error
         span.end()
+        if self.access is not None:
+            method, path, request_id = self.access
+            status = status_of(outcome, error)
+            access_line(method, path, status, now - self.started, request_id, self.notes)
+
+
+def status_of(outcome: str, error: str | None) -> int:
+    """The HTTP status a finished run stands for in its access line (a WebSocket's responses
+    have none of their own): 499 for a client that left, 500 for a failure, else 200."""
+    if outcome == "client_gone":
+        return 499
+    return 500 if error is not None or outcome == "failed" else 200
 
 
 def _parent(request: Request | None) -> tuple[Span | Mapping[str, str] | None, SpanKind]:

@@ -159,6 +159,15 @@ class RunningStack:
                     pids.append(int(entry.name))
         return sorted(pids)
 
+    def wait_children(self, needle: str, count: int, timeout: float = 30.0) -> list[int]:
+        """The pids of ``count`` children matching ``needle``, once there are that many (a
+        child killed twice within half a minute is restarted after a delay)."""
+        deadline = time.monotonic() + timeout
+        while len(pids := self.children(needle)) != count and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(pids) == count, f"{len(pids)} processes match {needle!r}, not {count}\n{self.logs()}"
+        return pids
+
     def wait_healthy(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

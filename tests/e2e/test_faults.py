@@ -139,9 +139,8 @@ def check(got: list[Streamed], want: list[Streamed]) -> None:
 def test_kill_one_worker_of_two(fault_stack: RunningStack, reference: dict[str, list[Streamed]], api: str) -> None:
     """A worker (encoder, dispatcher and parser) dies: the streams it held continue on the
     other one from their tokens, and `chorus up` starts a new worker."""
+    workers = fault_stack.wait_children("serve worker", 2)
     fault_stack.wait_healthy()
-    workers = fault_stack.children("serve worker")
-    assert len(workers) == 2
     resumed = fault_stack.metric("chorus_generation_resumes_total")
     got = asyncio.run(run_streams(fault_stack, api, lambda: kill(workers[0])))
     check(got, reference[api])
@@ -155,9 +154,8 @@ def test_kill_one_worker_of_two(fault_stack: RunningStack, reference: dict[str, 
 def test_kill_one_parser_of_two(
     split_stack: RunningStack, split_reference: dict[str, list[Streamed]], api: str
 ) -> None:
+    parsers = split_stack.wait_children("serve parser", 2)
     split_stack.wait_healthy()
-    parsers = split_stack.children("serve parser")
-    assert len(parsers) == 2
     resumed = split_stack.metric("chorus_generation_resumes_total", reason="parser")
     got = asyncio.run(run_streams(split_stack, api, lambda: kill(parsers[0])))
     check(got, split_reference[api])
@@ -167,8 +165,8 @@ def test_kill_one_parser_of_two(
 
 @pytest.mark.parametrize("api", ["chat", "responses"])
 def test_kill_the_dispatcher(split_stack: RunningStack, split_reference: dict[str, list[Streamed]], api: str) -> None:
+    [dispatcher] = split_stack.wait_children("serve dispatcher", 1)
     split_stack.wait_healthy()
-    [dispatcher] = split_stack.children("serve dispatcher")
     got = asyncio.run(run_streams(split_stack, api, lambda: kill(dispatcher)))
     check(got, split_reference[api])
     split_stack.wait_healthy()
@@ -190,9 +188,9 @@ def test_kill_one_engine_of_two(
 
 def test_sigterm_drains_a_worker(fault_stack: RunningStack, reference: dict[str, list[Streamed]]) -> None:
     """A worker asked to stop finishes the streams and sessions it holds: no stream is resumed."""
+    workers = fault_stack.wait_children("serve worker", 2)
     fault_stack.wait_healthy()
     before = sum("resuming" in line for line in fault_stack.log("gateway").splitlines())
-    workers = fault_stack.children("serve worker")
     got = asyncio.run(run_streams(fault_stack, "chat", lambda: os.kill(workers[0], signal.SIGTERM)))
     check(got, reference["chat"])
     resumed = [line for line in fault_stack.log("gateway").splitlines() if "resuming" in line][before:]

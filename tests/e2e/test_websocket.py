@@ -94,6 +94,17 @@ def test_lanes_and_errors(stack: RunningStack) -> None:
         assert error.type == "error" and error.status == 404
 
 
+def test_stream_true_and_background_false_are_implied(stack: RunningStack) -> None:
+    """Both OpenAI Agents SDKs (JS 0.20, Python 0.24) send ``stream: true`` in every frame;
+    OpenAI treats it, and ``background: false``, as implied."""
+    with stack.client().responses.connect() as conn:
+        conn.send({"type": "response.create", "model": MODEL, "input": "hi", "stream": True, "background": False})
+        assert until_done(conn)[-1].type == "response.completed"
+        conn.send({"type": "response.create", "model": MODEL, "input": "x", "stream": False})
+        (error,) = until_done(conn)
+        assert error.type == "error" and error.error.param == "stream"
+
+
 def test_sockets_need_a_key_when_keys_are_set(nats_url: str, redis_url: str) -> None:
     from tests.e2e.conftest import start_stack
 

@@ -192,7 +192,7 @@ def engine_saw(url: str) -> list[str]:
 
 @dataclass
 class Pair:
-    a: Chorus  # namespace derived from its port, JSON logs
+    a: Chorus  # namespace derived from its port, JSON logs, --quiet
     b: Chorus  # a namespace given with --namespace, text logs
     namespace_b: str
     bus: list[str]
@@ -204,7 +204,7 @@ def pair(nats_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
     tmp_path = tmp_path_factory.mktemp("pair")
     bus = ["--nats-url", nats_url, "--redis-url", redis_url]
     namespace_b = f"cli{uuid.uuid4().hex[:8]}"
-    a = up(*bus, "--log-format", "json", log_dir=tmp_path / "a")
+    a = up(*bus, "--log-format", "json", "--quiet", log_dir=tmp_path / "a")
     b = up(*bus, "--namespace", namespace_b, log_dir=tmp_path / "b")
     try:
         for stack in (a, b):
@@ -281,6 +281,25 @@ def test_json_logs_from_every_service(pair: Pair) -> None:
     assert access[0]["logger"] == "chorus.gateway.access" and access[0]["request"]["status"] == 200
 
 
+def test_the_terminal_shows_access_lines_and_which_servers_are_used(pair: Pair) -> None:
+    """Without --log-dir a person still sees each request (the gateway's access line, prefixed
+    by the service as compose does), WebSocket responses too; --quiet shows none. Both say which
+    NATS and Redis they use and that they did not start them."""
+    _alive(pair)
+    ids = {stack.port: chat(stack.port, "access line please") for stack in (pair.a, pair.b)}
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{pair.b.port}/v1", api_key="chorus", max_retries=0)
+    with client.responses.connect() as conn:
+        conn.response.create(model=MODEL, input="over a socket")
+        response_id = next(e for e in conn if e.type == "response.completed").response.id
+    line = pair.b.wait_line(rf"^gateway \| .*POST /v1/chat/completions 200 .*id={ids[pair.b.port]}", 10)
+    assert "api=chat" in line and f"model={MODEL}" in line, line
+    assert "api=responses" in pair.b.wait_line(rf"^gateway \| .*WS /v1/responses 200 .*request_id={response_id}", 10)
+    assert not [x for x in pair.a.lines if x.startswith("gateway | ")], pair.a.output  # --quiet
+    for stack in (pair.a, pair.b):
+        assert "NATS: using the server already running at nats://" in stack.output, stack.output
+        assert "Redis: using the server already running at redis://" in stack.output, stack.output
+
+
 def test_a_starting_engine_is_no_alarm(pair: Pair) -> None:
     """The simulated engine starts beside the dispatcher: no "is down" warning, no NOT READY."""
     for stack in (pair.a, pair.b):
@@ -346,6 +365,7 @@ def test_an_unreachable_engine_is_reported_in_seconds_and_its_return_too(tmp_pat
             "serve", "sim-engine", env=_env(CHORUS_SIM_HOST="127.0.0.1", CHORUS_SIM_PORT=str(engine_port))
         )
         stack.wait_line("chorus: ready at ", 30)
+        _pings_without_flags(stack, nats)
         took = stack.stop(signal.SIGTERM)
         print(f"engine up: ready; stopped (own NATS and Redis too) in {took:.2f}s")
         assert took < STOP_WITHIN_S, f"{took:.2f}s"
@@ -356,6 +376,33 @@ def test_an_unreachable_engine_is_reported_in_seconds_and_its_return_too(tmp_pat
         stack.kill()
         if sim is not None:
             sim.kill()
+
+
+def _ping(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli", "ping", *args],
+        cwd=ROOT,
+        text=True,
+        capture_output=True,
+        timeout=60,
+        env=_env(),
+        check=False,
+    )
+
+
+def _pings_without_flags(stack: Chorus, nats: str) -> None:
+    """`chorus ping` finds a running `chorus up` of its namespace (and the password of the
+    NATS it started); the worker, the default shape, answers; a client without the password
+    is told it was refused, not that NATS is unreachable."""
+    namespace = f"chorus-{stack.port}"
+    for service in ("worker", "encoder"):
+        done = _ping(service, "--namespace", namespace)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert done.stdout.startswith(f"{service} ") and ": ready" in done.stdout, done.stdout
+    refused = _ping("encoder", "--namespace", "no-such-stack", "--nats-url", nats)
+    assert refused.returncode == 1
+    assert "refused this client's credentials" in refused.stderr, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
 
 
 def test_a_stack_starts_servers_of_its_own_on_free_ports() -> None:
@@ -478,7 +525,7 @@ def test_version_and_every_help_shows_defaults() -> None:
     assert run("--version").strip() == f"chorus {importlib.metadata.version('chorus')}"
     helps = {
         command: " ".join(run(*command.split(), "--help").split())
-        for command in ("up", "serve gateway", "ping encoder")
+        for command in ("up", "serve gateway", "ping encoder", "ping worker")
     }
     for want in (
         "--port PORT the gateway's port (default: 8000)",

@@ -1,7 +1,7 @@
 """Responses over WebSocket (OpenAI's "WebSocket mode"): one socket to ``/v1/responses``.
 
-The client sends ``response.create`` events (the create body, without ``stream`` or
-``background``; ``stream_id`` names a lane) and receives the same events as the SSE stream,
+The client sends ``response.create`` events (the create body; ``stream: true`` and
+``background: false`` are implied and may be sent; ``stream_id`` names a lane) and receives the same events as the SSE stream,
 each tagged with its lane. Responses run one after another or side by side (at most
 ``MAX_ACTIVE``). A continuation sends only its new input and ``previous_response_id``: the
 socket keeps every chain it served (``store: false`` ones live only here, so a new socket gets
@@ -27,6 +27,7 @@ from contracts.messages.items import ConversationItem
 from services.common.bus import BusFailure
 from services.gateway.context import GatewayContext
 from services.gateway.errors import STORAGE_DOWN, ApiError, public
+from services.gateway.http import access_line
 from services.gateway.responses.persist import dump, finish
 from services.gateway.responses.prepare import prepare
 from services.gateway.responses.request import ResponsesRequest
@@ -40,6 +41,7 @@ MAX_ACTIVE = 16  # responses running at once on one socket
 MAX_LANES = 32  # distinct stream_ids on one socket
 MAX_CHAINS = 256  # chains a socket remembers (the oldest are forgotten first)
 LIFETIME_S = 60 * 60  # a socket is closed after an hour, as OpenAI's are
+PATH = "/v1/responses"
 
 
 class Socket:
@@ -79,6 +81,7 @@ class Socket:
 
     async def on_message(self, raw: str) -> None:
         lane: str | None = None
+        started = time.monotonic()
         try:
             body = raw.encode()
             if len(body) > self.ctx.settings.max_body_bytes:  # the same limit as an HTTP body
@@ -115,17 +118,19 @@ class Socket:
                         )
                     )
                 self.lanes.add(lane)
-            for field in ("stream", "background"):
-                if data.get(field):
+            # events always stream here: "stream": true is implicit (both Agents SDKs send it in
+            # every frame) and "background": false is the only way a socket runs a response
+            for field, implied in (("stream", True), ("background", False)):
+                value = data.pop(field, None)
+                if value is not None and value is not implied:
                     raise ApiError(
                         BusError(
                             code=ErrorCode.INVALID_REQUEST,
                             param=field,
-                            message=f"'{field}' is not supported over WebSocket "
+                            message=f"'{field}': {orjson.dumps(value).decode()} is not supported over WebSocket "
                             "(events always stream; background is HTTP only).",
                         )
                     )
-                data.pop(field, None)
             generate = data.pop("generate", True)
             if len(self.active) >= MAX_ACTIVE:
                 raise ApiError(
@@ -137,9 +142,11 @@ class Socket:
             req = validate(data, ResponsesRequest, ignore_unknown=self.ctx.settings.ignore_unknown_fields)
             run = await self._prepare(req)
         except (ApiError, BusFailure) as exc:
+            self._refused(exc.error, started)
             await self.send_error(exc.error, lane)
             return
         except RedisError:
+            self._refused(STORAGE_DOWN, started)
             await self.send_error(STORAGE_DOWN, lane)
             return
         task = asyncio.get_running_loop().create_task(self._run(run, lane, generate=generate is not False))
@@ -155,8 +162,13 @@ class Socket:
         sealer = self.ctx.sealer
         prepared = await prepare(self.ctx, req, self.store, unseal=sealer.open if sealer else None, context=context)
         run = ResponseRun(self.ctx, prepared, seal=sealer.seal if sealer else None)
-        run.observe(None)
+        run.observe(None).access = ("WS", PATH, run.response_id)
         return run
+
+    def _refused(self, error: BusError, started: float) -> None:
+        """The access line of a ``response.create`` refused before it ran."""
+        notes = {"api": "responses", "reason": error.message[:200]}
+        access_line("WS", PATH, error.code.http_status, time.monotonic() - started, "-", notes)
 
     async def _run(self, run: ResponseRun, lane: str | None, *, generate: bool) -> None:
         parent = run.request.previous_response_id
