@@ -57,13 +57,13 @@ class Chorus:
 
     @classmethod
     def start(cls, *args: str, env: dict[str, str] | None = None) -> Chorus:
+        return cls.launch([sys.executable, "-m", "services.cli", *args], env=env)
+
+    @classmethod
+    def launch(cls, argv: list[str], env: dict[str, str] | None = None) -> Chorus:
+        """``argv`` (a `chorus` command, however installed), its output read as it comes."""
         proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", *args],
-            cwd=ROOT,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=env or _env(),
+            argv, cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env or _env()
         )
         chorus = cls(proc)
         threading.Thread(target=chorus._read, daemon=True).start()
