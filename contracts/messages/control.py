@@ -31,6 +31,7 @@ class Heartbeat(Contract):
     load: int = 0  # what the instance is working on now (sessions, streams, renders)
     draining: bool = False  # finishing its work; send it nothing new
     stopping: bool = False  # the last beat of an instance that stops (no death to wait for)
+    simulated: bool = False  # a dispatcher whose engines are the simulator: the gateway labels its answers
 
 
 class CancelResponse(Contract):

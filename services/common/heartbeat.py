@@ -210,11 +210,12 @@ class Beater:
         interval: float,
         load: Callable[[], int] = lambda: 0,
         ready: Callable[[], tuple[bool, str]] = lambda: (True, ""),
+        simulated: Callable[[], bool] = lambda: False,
         liveness_file: str | None = None,
     ) -> None:
         self.bus, self.service, self.instance = bus, service, instance
         self.interval = interval
-        self.load, self.ready = load, ready
+        self.load, self.ready, self.simulated = load, ready, simulated
         self.draining = False
         self.liveness = Path(liveness_file) if liveness_file else None
 
@@ -229,6 +230,7 @@ class Beater:
             load=self.load(),
             draining=self.draining,
             stopping=stopping,
+            simulated=self.simulated(),
         )
 
     async def send(self, *, stopping: bool = False) -> None:

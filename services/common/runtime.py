@@ -43,6 +43,7 @@ class Runtime:
         self.peers = peers
         self.load: Callable[[], int] = lambda: 0
         self.ready: Callable[[], tuple[bool, str]] = lambda: (True, "")
+        self.simulated: Callable[[], bool] = lambda: False
         self.beater = Beater(
             bus,
             service,
@@ -50,6 +51,7 @@ class Runtime:
             interval=settings.heartbeat_interval_s,
             load=lambda: self.load(),
             ready=lambda: self.ready(),
+            simulated=lambda: self.simulated(),
             liveness_file=settings.liveness_file,
         )
         self.draining = False

@@ -56,6 +56,7 @@ async def wire(
     )
     rt.load = lambda: dispatcher.load
     rt.ready = dispatcher.readiness
+    rt.simulated = lambda: any(w.simulated for w in dispatcher.workers)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(dispatcher.health_checked.wait(), settings.health_timeout_s + 1)
     log.info(

@@ -40,6 +40,7 @@ class Worker:
     reported: bool = False  # its being down was reported (a warning, and in the readiness detail)
     since: float = field(default_factory=time.monotonic)  # created (the dispatcher's start)
     ever_up: bool = False
+    simulated: bool = False  # the simulator answers there (its X-Chorus-Simulator header)
 
     @property
     def usable(self) -> bool:
@@ -118,10 +119,12 @@ async def probe(http: EngineHttp, worker: Worker, timeout: float) -> None:
     # OpenAI-compatible upstreams (hosted providers, llama.cpp) need not have /health
     path = "/v1/models" if worker.kind in ("openai", "openai-chat") else "/health"
     try:
-        status, _ = await http.request("GET", f"{worker.url}{path}", timeout=timeout)
+        reply = await http.fetch("GET", f"{worker.url}{path}", timeout=timeout)
     except HttpError as exc:
         worker.mark_down(f"health check failed: {type(exc).__name__}: {exc}")
         return
+    status = reply.status
+    worker.simulated = worker.kind == "sim" or reply.headers.get("x-chorus-simulator") == "true"
     if status == 200:
         worker.mark_up()
     else:

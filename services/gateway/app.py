@@ -157,7 +157,14 @@ def build_app(settings: Settings) -> FastAPI:
         "/v1/chat/completions": endpoint_app(app, chat_completions),
         "/v1/responses": endpoint_app(app, responses.create_response),
     }
-    app.add_middleware(Edge, api_keys=settings.api_keys, max_body_bytes=settings.max_body_bytes, direct=direct)
+
+    def simulated() -> bool:
+        ctx: GatewayContext | None = getattr(app.state, "ctx", None)
+        return ctx is not None and ctx.simulated()
+
+    app.add_middleware(
+        Edge, api_keys=settings.api_keys, max_body_bytes=settings.max_body_bytes, direct=direct, simulated=simulated
+    )
     app.include_router(chat_router)
     app.include_router(responses.router)
     app.include_router(conversations.router)
@@ -197,19 +204,25 @@ def build_app(settings: Settings) -> FastAPI:
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [_model(m) for m in settings.models]}
+    async def models(request: Request) -> dict[str, Any]:
+        owner = _owner(get_ctx(request))
+        return {"object": "list", "data": [_model(m, owner) for m in settings.models]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str, request: Request) -> dict[str, Any]:
-        get_ctx(request).check_model(model_id)
-        return _model(model_id)
+        ctx = get_ctx(request)
+        ctx.check_model(model_id)
+        return _model(model_id, _owner(ctx))
 
     return app
 
 
-def _model(model_id: str) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": "chorus"}
+def _owner(ctx: GatewayContext) -> str:
+    return "chorus-simulator" if ctx.simulated() else "chorus"
+
+
+def _model(model_id: str, owner: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": int(time.time()), "owned_by": owner}
 
 
 async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:

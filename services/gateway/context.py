@@ -28,6 +28,11 @@ class GatewayContext:
     store: ResponseStore
     sealer: Sealer | None = None
 
+    def simulated(self) -> bool:
+        """Do this stack's engines include the simulator (its dispatchers say so)? Then every
+        answer says it too (``X-Chorus-Simulator``, the models' owner)."""
+        return any(peer.beat.simulated for peer in self.peers.alive("dispatcher"))
+
     def store_for(self, request: Request) -> ResponseStore:
         """The store as the caller's API key sees it (all of it without keys)."""
         return self.store.scoped(getattr(request.state, "tenant", None))

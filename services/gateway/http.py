@@ -33,6 +33,7 @@ from contracts.errors import BusError, ErrorCode
 log = logging.getLogger("chorus.gateway.access")
 
 OPEN_PATHS = ("/health", "/metrics", "/docs", "/openapi.json")
+SIMULATOR_HEADER = (b"x-chorus-simulator", b"true")
 
 
 class BodyTooLarge(Exception):
@@ -50,9 +51,16 @@ def error_body(code: ErrorCode, message: str, param: str | None = None) -> bytes
 
 class Edge:
     def __init__(
-        self, app: ASGIApp, *, api_keys: list[str], max_body_bytes: int, direct: Mapping[str, ASGIApp] | None = None
+        self,
+        app: ASGIApp,
+        *,
+        api_keys: list[str],
+        max_body_bytes: int,
+        direct: Mapping[str, ASGIApp] | None = None,
+        simulated: Callable[[], bool] = lambda: False,
     ) -> None:
         self.app = app
+        self.simulated = simulated  # the engines are the simulator: every answer says so
         self.direct = dict(direct or {})  # POST path -> its endpoint as an ASGI app
         self.keys = [k.encode() for k in api_keys]
         self.max_body = max_body_bytes
@@ -80,10 +88,10 @@ class Edge:
                     k.lower() == b"content-type" and v.startswith(b"text/event-stream")
                     for k, v in message.get("headers", [])
                 )
-                message = {
-                    **message,
-                    "headers": [*message.get("headers", []), (b"x-request-id", request_id.encode("latin-1"))],
-                }
+                added = [(b"x-request-id", request_id.encode("latin-1"))]
+                if self.simulated():
+                    added.append(SIMULATOR_HEADER)
+                message = {**message, "headers": [*message.get("headers", []), *added]}
             elif message["type"] == "http.response.body" and not message.get("more_body", False):
                 status["ended"] = True
             await send(message)

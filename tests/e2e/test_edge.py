@@ -125,3 +125,17 @@ def test_request_id_is_accepted_and_echoed(stack: RunningStack) -> None:
         assert resp.headers["x-request-id"] == "trace-me-42"
         assert http.get("/v1/models").headers["x-request-id"]
     assert "request_id=trace-me-42" in stack.log("gateway")
+
+
+def test_the_simulator_is_labelled_on_the_gateways_answers(stack: RunningStack) -> None:
+    """The engines are the simulator (spoken to as vLLM here): the gateway says so on every
+    /v1 answer and as the models' owner, not only on the engine's own port."""
+    with httpx.Client(base_url=stack.base_url, timeout=30) as http:
+        answer = http.post(
+            "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+        )
+        assert answer.status_code == 200 and answer.headers["x-chorus-simulator"] == "true"
+        models = http.get("/v1/models")
+        assert models.headers["x-chorus-simulator"] == "true"
+        assert {m["owned_by"] for m in models.json()["data"]} == {"chorus-simulator"}
+        assert http.get(f"/v1/models/{MODEL}").json()["owned_by"] == "chorus-simulator"
