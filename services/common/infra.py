@@ -232,6 +232,11 @@ def _local(host: str) -> bool:
     return host in ("127.0.0.1", "localhost", "::1")
 
 
+def _remote_asked(url: str, host: str, at_url: bool) -> None:
+    if at_url and not _local(host):
+        raise RuntimeError(f"nothing answers at {redact(url)}: start that server, or give another address")
+
+
 def ensure_nats(
     url: str,
     log_path: Path | None = None,
@@ -243,10 +248,12 @@ def ensure_nats(
     """Use the NATS at ``url`` if it answers, else start one (requiring ``credentials``, if
     given): on that port when ``url`` is local and ``at_url`` (the address was asked for), on a
     free port otherwise (a default address never ends up held by one stack's server that
-    another stack would then find and share)."""
+    another stack would then find and share). A remote address asked for that does not answer
+    is an error (``RuntimeError``): a local server in its place would be another stack's data."""
     host, port = url_host_port(url, 4222)
     if port_open(host, port):
         return None, url
+    _remote_asked(url, host, at_url)
     return start_nats(port if at_url and _local(host) else None, log_path, data_dir=data_dir, credentials=credentials)
 
 
@@ -257,4 +264,5 @@ def ensure_redis(
     host, port = url_host_port(url, 6379)
     if port_open(host, port):
         return None, url
+    _remote_asked(url, host, at_url)
     return start_redis(port if at_url and _local(host) else None, log_path, data_dir=data_dir)

@@ -24,6 +24,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.infra import ManagedProcess, free_port, wait_for_port
+from tests.leftovers import LOGS
 
 MODEL = "openai/gpt-oss-20b"
 Samples = dict[str, list[tuple[dict[str, str], float]]]  # /metrics: sample name -> (labels, value)
@@ -36,19 +37,6 @@ SCRAPED = {False: ("gateway", "worker", "tools"), True: ("gateway", "encoder", "
 def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of the samples of ``name`` that carry ``labels``."""
     return sum(v for got, v in samples.get(name, []) if all(got.get(k) == want for k, want in labels.items()))
-
-
-class LOGS:
-    """Where stacks write their logs: under pytest's base temporary directory once the session
-    has one (pytest keeps the last few runs' and removes older ones), so no run leaves log
-    directories behind in /tmp for good."""
-
-    root: str | None = None
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _log_root(tmp_path_factory: pytest.TempPathFactory) -> None:
-    LOGS.root = str(tmp_path_factory.mktemp("stacks"))
 
 
 @dataclass
