@@ -4,6 +4,7 @@ responses are there and storing works again."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -87,3 +88,34 @@ def test_storage_down_then_back(
         time.sleep(0.5)
     assert http.get(f"/v1/responses/{kept.json()['id']}").json()["output"] == kept.json()["output"]
     http.close()
+
+
+def test_storage_lost_mid_stream_ends_with_response_failed(
+    redis_stack: RunningStack, own_redis: tuple[list[ManagedProcess], int], redis_dir: Path
+) -> None:
+    """Redis stops while a stored response streams: the stream still ends with a typed,
+    numbered terminal event (``response.failed``: the spec's ``server_error`` code, the message
+    naming ``storage_unavailable``), never an untyped internal error."""
+    procs, port = own_redis
+    body = {"model": MODEL, "input": "slowly [[sim:tokens=60]] [[sim:delay_ms=40]]", "stream": True}
+    events: list[dict[str, object]] = []
+    with (
+        httpx.Client(base_url=redis_stack.base_url, timeout=60) as http,
+        http.stream("POST", "/v1/responses", json=body) as resp,
+    ):
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if len(events) == 6:
+                    procs[-1].stop()  # Redis goes away mid-answer
+    try:
+        assert all("type" in e and "sequence_number" in e for e in events), events[-3:]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        last = events[-1]
+        assert last["type"] == "response.failed", last
+        error = last["response"]["error"]  # type: ignore[index]
+        assert error["code"] == "server_error" and "storage_unavailable" in error["message"], last
+    finally:
+        proc, _ = start_redis(port, data_dir=redis_dir)
+        procs.append(proc)

@@ -123,12 +123,16 @@ async def stream_events(
             terminal = run.status != "in_progress" and batch and batch[-1].type in TERMINAL_EVENTS
             if terminal and not (log_events.ok and await _saved(run)):
                 log_events.ok = False
-                batch = [*batch[:-1], run.storage_failed()]
+                batch = [*batch[:-1], run.storage_failed(batch[-1])]
             encoded = [(dump(e), e.type.encode()) for e in batch]
             log_events.pending += [data for data, _ in encoded]
             yield b"".join(sse(data, kind) for data, kind in encoded)
             await log_events.write()
             batch = await anext(batches, None)
+    except Exception:  # the stream ends with the spec's error event, numbered
+        log.exception("response %s: its stream broke off", run.response_id)
+        broken = run.broken("The server failed to continue this response; it has been logged.")
+        yield sse(dump(broken), b"error")
     finally:
         await log_events.write()  # what the client was sent, even when it left
         with contextlib.suppress(Exception):  # the run's own failure was told already

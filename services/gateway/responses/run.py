@@ -18,6 +18,7 @@ from openai.types.responses import (
     ResponseCompactionCompactingEvent,
     ResponseCompletedEvent,
     ResponseCreatedEvent,
+    ResponseErrorEvent,
     ResponseFailedEvent,
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
@@ -398,10 +399,26 @@ class ResponseRun:
         if why is not None:
             self.fail(f"The model's answer did not follow text.format: {why}")
 
-    def storage_failed(self) -> Event:
-        """The terminal event of a response that could not be stored (Redis down)."""
-        self.fail(STORAGE_DOWN.message, code=STORAGE_DOWN.code.value)
-        return self.final_event()
+    def storage_failed(self, terminal: Event) -> Event:
+        """What replaces ``terminal`` (numbered the same) when the response could not be stored
+        (Redis down): failed, with the spec's ``server_error`` code (a response's error codes
+        are a closed set) and a message that says storage was the cause. The run's metrics
+        stay the model's outcome; its log line says what the client got."""
+        message = f"{STORAGE_DOWN.message} This response was not stored ({STORAGE_DOWN.code.value})."
+        self.fail(message)
+        if self.observed is not None:
+            self.observed.notes.update(outcome="failed", reason=message)
+        seq = getattr(terminal, "sequence_number", self.writer.seq())
+        return ResponseFailedEvent(type="response.failed", sequence_number=seq, response=self.response())
+
+    def broken(self, message: str) -> Event:
+        """The spec's ``error`` event for a stream that cannot go on (the next sequence number)."""
+        self.status = "failed"
+        if self.observed is not None:
+            self.observed.finish(outcome="failed", usage=self.usage, error=message)
+        return ResponseErrorEvent(
+            type="error", code="server_error", message=message, param=None, sequence_number=self.writer.seq()
+        )
 
     def final_event(self) -> Event:
         if self.observed is not None:
