@@ -33,6 +33,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from contracts.errors import BusError, ErrorCode
 from contracts.subjects import CLAIM_HEADER, Subjects
+from services.common.errors import ChorusError
 from services.common.telemetry import inject
 from services.common.wire import Received, Wire
 from services.common.wire import Subscription as WireSubscription
@@ -44,14 +45,6 @@ F = TypeVar("F", bound=BaseModel)
 CLAIM_TTL_S = 600.0  # an unclaimed oversized payload is dropped after this
 CLAIM_MARGIN = 4096  # headroom under max_payload for headers and protocol framing
 NO_RESPONDERS_GRACE_S = 1.0  # a request finding nobody listening tries again for this long
-
-
-class BusFailure(Exception):
-    """A request over the bus failed; ``error`` says how, in the contract's terms."""
-
-    def __init__(self, error: BusError) -> None:
-        super().__init__(error.message)
-        self.error = error
 
 
 def dump(msg: BaseModel) -> bytes:
@@ -191,7 +184,7 @@ class Bus:
         try:
             await (await self._objects()).put(key, data)
         except Exception as exc:
-            raise BusFailure(
+            raise ChorusError.of(
                 BusError(
                     code=ErrorCode.SERVICE_UNAVAILABLE,
                     message=f"a {len(data)}-byte message is over NATS's limit of {self.nc.max_payload} "
@@ -279,7 +272,7 @@ class Bus:
     async def request(
         self, subject: str, msg: BaseModel, reply_type: TypeAdapter[T], *, timeout: float, service: str
     ) -> T:
-        """Request/reply with typed payloads. A ``BusError`` reply raises ``BusFailure``; so
+        """Request/reply with typed payloads. A ``BusError`` reply raises the ``ChorusError`` its code stands for; so
         do a timeout (TIMEOUT) and nobody listening for ``NO_RESPONDERS_GRACE_S`` (a replica
         restarting is given that long) (SERVICE_UNAVAILABLE)."""
         loop = asyncio.get_running_loop()
@@ -297,18 +290,18 @@ class Bus:
                 except nats.errors.NoRespondersError as exc:
                     left = give_up - loop.time()
                     if left <= 0:
-                        raise BusFailure(
+                        raise ChorusError.of(
                             BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message=f"no {service} service is running")
                         ) from exc
                     await asyncio.sleep(min(pause, left))  # the last try at the end of the grace
                     pause *= 2
         except nats.errors.TimeoutError as exc:
-            raise BusFailure(
+            raise ChorusError.of(
                 BusError(code=ErrorCode.TIMEOUT, message=f"the {service} service did not answer in {timeout:g}s")
             ) from exc
         value = reply_type.validate_json(reply.data)
         if isinstance(value, BusError):
-            raise BusFailure(value)
+            raise ChorusError.of(value)
         return value
 
     async def close(self) -> None:

@@ -24,7 +24,8 @@ from contracts.messages.control import Cancel
 from contracts.messages.encode import EncodeRequest
 from contracts.messages.generate import EventFrame, GenerateJob, GenerateRequest, GenerationFailed
 from services.common import telemetry
-from services.common.bus import Bus, BusFailure
+from services.common.bus import Bus
+from services.common.errors import ChorusError
 from services.common.harmony import harmony_encoding
 from services.common.infra import worker_dies_with_parent
 from services.common.tokens import conversation_chars
@@ -229,7 +230,7 @@ class Encoder:
         )
         try:
             await self.forward(request)
-        except BusFailure as exc:
+        except ChorusError as exc:
             await self._fail(job, exc.error, span)
 
     async def publish(self, request: GenerateRequest) -> None:

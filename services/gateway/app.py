@@ -23,14 +23,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts.errors import BusError, ErrorCode
 from contracts.subjects import SERVICES
-from services.common.bus import BusFailure
+from services.common.errors import ChorusError
 from services.common.logs import setup_logging
 from services.common.runtime import Runtime
 from services.gateway import conversations, stack_metrics
 from services.gateway.chat.routes import chat_completions
 from services.gateway.chat.routes import router as chat_router
 from services.gateway.context import GatewayContext, get_ctx
-from services.gateway.errors import STORAGE_DOWN, ApiError, public
+from services.gateway.errors import STORAGE_DOWN, public
 from services.gateway.generation import Generations
 from services.gateway.http import Edge
 from services.gateway.responses import routes as responses
@@ -57,12 +57,8 @@ def install_error_handlers(app: FastAPI) -> None:
     """Errors with a known cause become their status; anything else is answered by the edge
     (services/gateway/http.py) without internals and without closing the connection."""
 
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error(request, exc.error)
-
-    @app.exception_handler(BusFailure)
-    async def _bus_failure(request: Request, exc: BusFailure) -> JSONResponse:
+    @app.exception_handler(ChorusError)
+    async def _chorus_error(request: Request, exc: ChorusError) -> JSONResponse:
         return _error(request, public(exc.error))
 
     @app.exception_handler(RedisError)

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from contracts.errors import BusError, ErrorCode
 from services.common.bus import Bus
+from services.common.errors import ChorusError
 from services.common.heartbeat import Peers
-from services.gateway.errors import ApiError
 from services.gateway.generation import Generations
 from services.gateway.settings import Settings
 from services.gateway.store import ResponseStore
@@ -39,7 +39,7 @@ class GatewayContext:
 
     def check_model(self, model: str) -> None:
         if model not in self.settings.models:
-            raise ApiError(
+            raise ChorusError.of(
                 BusError(
                     code=ErrorCode.MODEL_NOT_FOUND,
                     param="model",

@@ -1,13 +1,14 @@
-"""OpenAI-shaped errors at the HTTP edge.
-
-``ApiError`` carries a ``BusError``; the app's exception handlers turn it, FastAPI's
-validation errors and anything unexpected into ``{"error": {message, type, param, code}}``."""
+"""Errors as a client sees them: the caller's mistakes named (``invalid``, ``not_found``), and
+``public``, the one place a failure of the stack or an engine is cleaned for a client (what to
+do, not where the engines are or which exception was raised: that is logged). The exceptions
+themselves (``services/common/errors.py``) say whose fault a failure is."""
 
 from __future__ import annotations
 
 import logging
 
 from contracts.errors import BusError, ErrorCode
+from services.common.errors import CallerError
 
 log = logging.getLogger("chorus.gateway")
 
@@ -23,23 +24,13 @@ PUBLIC_MESSAGES = {
 }
 
 
-class ApiError(Exception):
-    def __init__(self, error: BusError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-    @property
-    def status_code(self) -> int:
-        return self.error.code.http_status
-
-
-def invalid(message: str, param: str | None = None, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> ApiError:
+def invalid(message: str, param: str | None = None, code: ErrorCode = ErrorCode.INVALID_REQUEST) -> CallerError:
     """A caller mistake (400) naming the offending parameter."""
-    return ApiError(BusError(code=code, message=message, param=param))
+    return CallerError(BusError(code=code, message=message, param=param))
 
 
-def not_found(message: str, param: str | None = None) -> ApiError:
-    return ApiError(BusError(code=ErrorCode.NOT_FOUND, message=message, param=param))
+def not_found(message: str, param: str | None = None) -> CallerError:
+    return CallerError(BusError(code=ErrorCode.NOT_FOUND, message=message, param=param))
 
 
 def public(error: BusError) -> BusError:

@@ -1,6 +1,6 @@
 """One model generation, seen from the gateway that owns it.
 
-    async with generations.open(spec) as generation:   # BusFailure: failed before starting
+    async with generations.open(spec) as generation:   # ChorusError: failed before starting
         async for events in generation.batches():
             ...
 
@@ -41,7 +41,8 @@ from contracts.messages.generate import (
     SamplingParams,
 )
 from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent
-from services.common.bus import Bus, BusFailure
+from services.common.bus import Bus
+from services.common.errors import ChorusError
 from services.common.heartbeat import Peers
 from services.common.metrics import BUS_HOP, RESUMES
 from services.common.telemetry import inject
@@ -183,7 +184,7 @@ class Generation:
     # starting ---------------------------------------------------------------------------
     async def begin(self) -> None:
         """Send the first attempt and wait until an engine took it; a failure before then is
-        raised as ``BusFailure`` (the HTTP layer still answers with a status code)."""
+        raised as a ``ChorusError`` (the HTTP layer still answers with a status code)."""
         await self.owner.submit(self)
         while self.accepted is None:
             item = await self._next(self.owner.accept_timeout)
@@ -196,9 +197,9 @@ class Generation:
                 )
             elif isinstance(item, GenerationFailed):
                 if not item.error.retryable or not await self._resume(item.error.message):
-                    raise BusFailure(item.error)
+                    raise ChorusError.of(item.error)
             elif isinstance(item, Interrupted) and not await self._resume(item.reason):
-                raise BusFailure(BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message=item.reason))
+                raise ChorusError.of(BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message=item.reason))
         self.accept_ms = (time.monotonic() - self.started) * 1000
         BUS_HOP.labels("accepted").observe(self.accept_ms / 1000)
 
@@ -248,7 +249,7 @@ class Generation:
         self._pending.clear()
         try:
             await self.owner.submit(self)
-        except BusFailure as exc:
+        except ChorusError as exc:
             log.warning("request %s: resuming failed: %s", self.request_id, exc.error.message)
             return False
         return True
@@ -412,14 +413,14 @@ class Generations:
         wait = self.replacement_wait if generation.attempt else 0.0
         for service in ("encoder", "dispatcher", "parser"):
             if not await self.peers.wait_usable(service, wait):
-                raise BusFailure(
+                raise ChorusError.of(
                     BusError(
                         code=ErrorCode.SERVICE_UNAVAILABLE, message=f"no {service} service is running", retryable=True
                     )
                 )
         parser = self.peers.pick("parser")
         if parser is None:
-            raise BusFailure(
+            raise ChorusError.of(
                 BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message="no parser service is running", retryable=True)
             )
         generation.parser = parser.beat.instance

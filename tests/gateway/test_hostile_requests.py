@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.messages.encode import ResponseFormat
-from services.gateway.chat.convert import response_format_of
-from services.gateway.chat.models import ChatRequest
+from services.common.errors import ChorusError
+from services.gateway.chat.items import response_format_of
+from services.gateway.chat.request import ChatRequest
 from services.gateway.context import GatewayContext
-from services.gateway.errors import ApiError
 from services.gateway.http import Edge
 from services.gateway.responses.request import ResponsesRequest
 from services.gateway.responses.routes import replay
@@ -67,7 +67,7 @@ FINE = {
 @pytest.mark.parametrize("schema", BROKEN.values(), ids=BROKEN.keys())
 def test_a_schema_whose_references_cannot_be_followed_is_a_400(schema: dict[str, Any]) -> None:
     assert schema_problem(schema)
-    with pytest.raises(ApiError) as chat:
+    with pytest.raises(ChorusError) as chat:
         response_format_of(
             ChatRequest.model_validate(
                 {
@@ -78,7 +78,7 @@ def test_a_schema_whose_references_cannot_be_followed_is_a_400(schema: dict[str,
             )
         )
     assert chat.value.status_code == 400 and chat.value.error.param == "response_format.json_schema.schema"
-    with pytest.raises(ApiError) as responses:  # pydantic re-raises the validator's ApiError as is
+    with pytest.raises(ChorusError) as responses:  # pydantic re-raises the validator's CallerError as is
         ResponsesRequest.model_validate(
             {"model": "m", "input": "hi", "text": {"format": {"type": "json_schema", "name": "x", "schema": schema}}}
         )

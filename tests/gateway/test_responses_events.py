@@ -16,7 +16,7 @@ from pydantic import TypeAdapter
 
 from contracts.messages.items import ConversationItem, FunctionCallItem, MessageItem, ReasoningItem
 from contracts.messages.parse import ItemAdded, ItemDelta, ItemDone, ParseEvent
-from services.gateway.errors import ApiError
+from services.common.errors import ChorusError
 from services.gateway.responses.events import Event, EventWriter
 from services.gateway.responses.items import input_items, output_item
 from services.gateway.responses.output import ItemView, Output
@@ -135,14 +135,14 @@ def test_input_items_conversion_and_errors() -> None:
     assert isinstance(items[1], ReasoningItem) and items[1].text == "why"
     assert all(i.id for i in items)
     assert isinstance(items[4], MessageItem) and items[4].channel == "commentary"
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(ChorusError) as err:
         input_items(
             _request({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}).input, {}
         )
     assert err.value.error.param == "input[0].content[0].type"
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(ChorusError) as err:
         _request({"input": [{"type": "computer_call"}]})
     assert err.value.error.param == "input[0]"
-    with pytest.raises(ApiError) as err:
+    with pytest.raises(ChorusError) as err:
         _request({"input": [{"type": "function_call", "call_id": 5, "name": "f"}]})
     assert err.value.error.param == "input[0].call_id"

@@ -12,9 +12,9 @@ import pytest
 from pydantic import BaseModel
 
 from contracts.errors import ErrorCode
+from services.common.errors import ChorusError
 from services.gateway import validation
-from services.gateway.chat.models import ChatRequest
-from services.gateway.errors import ApiError
+from services.gateway.chat.request import ChatRequest
 from services.gateway.responses.request import ResponsesRequest
 from services.gateway.validation import MAX_DEPTH, depth, json_type, parse_body, parse_json, validate
 
@@ -152,7 +152,7 @@ CASES: list[tuple[type[BaseModel], dict[str, Any], ErrorCode, str, str]] = [
 def test_a_body_that_does_not_validate_says_what_and_where_in_openais_terms(
     model: type[BaseModel], body: dict[str, Any], code: ErrorCode, param: str, message: str
 ) -> None:
-    with pytest.raises(ApiError) as raised:
+    with pytest.raises(ChorusError) as raised:
         validate(body, model)
     error = raised.value.error
     assert (error.code, error.param) == (code, param)
@@ -168,7 +168,7 @@ def test_json_types_are_named_as_openai_names_them() -> None:
 
 def test_what_is_not_a_json_object_is_the_generic_invalid_request() -> None:
     for raw in (b"", b"[1]", b"{"):
-        with pytest.raises(ApiError) as raised:
+        with pytest.raises(ChorusError) as raised:
             parse_body(raw, ChatRequest)
         assert raised.value.error.code == ErrorCode.INVALID_REQUEST
 
@@ -202,7 +202,7 @@ def test_depth_counts_the_deepest_nesting(value: Any, expected: int) -> None:
 def test_a_body_nesting_past_the_limit_is_refused_and_one_at_it_is_not() -> None:
     at_limit = orjson.dumps({"model": "m", "metadata": nested(MAX_DEPTH - 1)})
     assert depth(parse_json(at_limit)) == MAX_DEPTH
-    with pytest.raises(ApiError) as raised:
+    with pytest.raises(ChorusError) as raised:
         parse_json(orjson.dumps({"model": "m", "metadata": nested(MAX_DEPTH)}))
     assert raised.value.error.message == f"The request body nests JSON deeper than {MAX_DEPTH} levels."
     brackets_in_text = orjson.dumps({"content": "[" * 1000})  # many brackets, all in a string

@@ -24,7 +24,7 @@ from contracts.messages.tools import (
     ToolsListed,
 )
 from services.common import bus
-from services.common.bus import BusFailure
+from services.common.errors import ChorusError
 from services.tools.app import run
 from services.tools.runner import busy_message, unreachable_message
 from services.tools.settings import Settings
@@ -227,9 +227,9 @@ async def test_response_over_the_size_cap_is_an_error(nats_url: str, namespace: 
 )
 async def test_malformed_server_url_is_invalid_request(tools: Tools, url: str) -> None:
     """Malformed on its face, whatever the network: the caller's mistake."""
-    with pytest.raises(BusFailure) as call:
+    with pytest.raises(ChorusError) as call:
         await tools.call(mcp(url), "add", '{"a": 1, "b": 2}')
-    with pytest.raises(BusFailure) as listing:
+    with pytest.raises(ChorusError) as listing:
         await tools.list(mcp(url))
     for failure in (call.value, listing.value):
         assert failure.error.code is ErrorCode.INVALID_REQUEST
@@ -331,7 +331,7 @@ async def test_builtin_tool_servers(nats_url: str, namespace: str) -> None:
         assert (await tools.call(mcp(builtin.url), "echo", '{"text": "x"}')).output == "x"
         refused = await tools.call(mcp(other.url), "echo", '{"text": "x"}')
         assert refused.error == UNREACHABLE and other.requests == []
-        with pytest.raises(BusFailure) as unknown:
+        with pytest.raises(ChorusError) as unknown:
             await tools.list(McpServer.builtin("browser"))
         assert "browser" in unknown.value.error.message
 

@@ -20,10 +20,11 @@ from contracts.messages.encode import EncodeRequest
 from contracts.messages.generate import ParseSpec, SamplingParams
 from contracts.messages.items import CompactionItem, ConversationItem, MessageItem
 from contracts.messages.parse import Failed, Finished, ItemDone, Usage
+from services.common.errors import ChorusError, model_behavior
 from services.common.tokens import conversation_chars
 from services.gateway.context import GatewayContext
 from services.gateway.edge import ApiRequest
-from services.gateway.errors import ApiError, invalid
+from services.gateway.errors import invalid
 from services.gateway.generation import Generation, GenerationSpec
 from services.gateway.responses.context import load_context, referenced
 from services.gateway.responses.items import Unseal, input_item, input_items, new_id, output_item
@@ -126,10 +127,10 @@ async def read_summary(generation: Generation) -> tuple[str, Usage]:
             elif isinstance(event, Finished):
                 usage = event.usage
             elif isinstance(event, Failed):
-                raise ApiError(event.error)
+                raise ChorusError.of(event.error)
     summary = "\n\n".join(a.strip() for a in answer if a.strip())
     if not summary:
-        raise ApiError(invalid("The model wrote no summary of this conversation; try again.", "input").error)
+        raise model_behavior("The model wrote no summary of this conversation; try again.")
     return summary, usage
 
 

@@ -27,7 +27,7 @@ from contracts.messages.tools import (
     ToolResult,
     ToolsListed,
 )
-from services.common.bus import BusFailure
+from services.common.errors import ChorusError
 from services.common.metrics import TOOL_CALLS
 from services.gateway.context import GatewayContext
 from services.gateway.responses.items import new_id
@@ -165,7 +165,7 @@ async def call_tool(ctx: GatewayContext, request_id: str, server: McpServer, nam
             timeout=timeout + 5,
             service="tools",
         )
-    except BusFailure as exc:
+    except ChorusError as exc:
         TOOL_CALLS.labels(server_kind(server), "unavailable").inc()
         return ToolResult(error=exc.error.message)
     assert isinstance(result, ToolResult)

@@ -19,8 +19,9 @@ from pydantic import BaseModel
 from redis.exceptions import RedisError
 
 from contracts.messages.control import CancelResponse
+from services.common.errors import ChorusError
 from services.gateway.context import GatewayContext, get_ctx
-from services.gateway.errors import ApiError, invalid, not_found
+from services.gateway.errors import invalid, not_found
 from services.gateway.listing import page
 from services.gateway.responses.background import Background
 from services.gateway.responses.compaction import CompactRequest, compact
@@ -93,7 +94,7 @@ async def create_response(request: Request) -> Response:
         seen.finish(outcome="failed", error=_why(exc))
         raise
     if run.refused is not None:  # e.g. SGLang refuses in its stream: still the caller's 4xx
-        raise ApiError(run.refused)
+        raise ChorusError.of(run.refused)
     await finish(run)
     return json_response(run.response())
 

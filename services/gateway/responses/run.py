@@ -29,10 +29,10 @@ from contracts.errors import BusError
 from contracts.messages.items import CompactionItem, ConversationItem, MessageItem
 from contracts.messages.parse import Failed, Finished, ParseEvent, Usage
 from services.common import telemetry
-from services.common.bus import BusFailure
+from services.common.errors import ChorusError
 from services.gateway import structured
 from services.gateway.context import GatewayContext
-from services.gateway.errors import STORAGE_DOWN, ApiError, public
+from services.gateway.errors import STORAGE_DOWN, public
 from services.gateway.generation import Generation, GenerationSpec, Replayed
 from services.gateway.observe import Observed, current
 from services.gateway.responses.compaction import estimated_tokens, read_summary, summary_generation, visible
@@ -285,7 +285,7 @@ class ResponseRun:
                     ),
                 ]
                 summary, usage = await read_summary(generation)
-        except (ApiError, BusFailure) as exc:
+        except ChorusError as exc:
             if started or not opening or exc.error.code.http_status >= 500:
                 self.fail(f"Compacting the conversation failed: {public(exc.error).message}")
                 return

@@ -24,9 +24,9 @@ from redis.exceptions import RedisError
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.items import ConversationItem
-from services.common.bus import BusFailure
+from services.common.errors import ChorusError
 from services.gateway.context import GatewayContext
-from services.gateway.errors import STORAGE_DOWN, ApiError, public
+from services.gateway.errors import STORAGE_DOWN, public
 from services.gateway.http import access_line
 from services.gateway.responses.persist import dump, finish
 from services.gateway.responses.prepare import prepare
@@ -85,7 +85,7 @@ class Socket:
         try:
             body = raw.encode()
             if len(body) > self.ctx.settings.max_body_bytes:  # the same limit as an HTTP body
-                raise ApiError(
+                raise ChorusError.of(
                     BusError(
                         code=ErrorCode.REQUEST_TOO_LARGE,
                         message=(
@@ -95,13 +95,13 @@ class Socket:
                 )
             data = parse_json(body)
             if not isinstance(data, dict):
-                raise ApiError(
+                raise ChorusError.of(
                     BusError(code=ErrorCode.INVALID_REQUEST, message="A client event must be a JSON object.")
                 )
             kind = data.pop("type", None)
             lane = data.pop("stream_id", None)
             if kind != "response.create":
-                raise ApiError(
+                raise ChorusError.of(
                     BusError(
                         code=ErrorCode.INVALID_REQUEST,
                         param="type",
@@ -110,7 +110,7 @@ class Socket:
                 )
             if lane is not None and lane not in self.lanes:
                 if len(self.lanes) >= MAX_LANES:
-                    raise ApiError(
+                    raise ChorusError.of(
                         BusError(
                             code=ErrorCode.INVALID_REQUEST,
                             param="stream_id",
@@ -123,7 +123,7 @@ class Socket:
             for field, implied in (("stream", True), ("background", False)):
                 value = data.pop(field, None)
                 if value is not None and value is not implied:
-                    raise ApiError(
+                    raise ChorusError.of(
                         BusError(
                             code=ErrorCode.INVALID_REQUEST,
                             param=field,
@@ -133,7 +133,7 @@ class Socket:
                     )
             generate = data.pop("generate", True)
             if len(self.active) >= MAX_ACTIVE:
-                raise ApiError(
+                raise ChorusError.of(
                     BusError(
                         code=ErrorCode.INVALID_REQUEST,
                         message=f"At most {MAX_ACTIVE} responses may run at once on a connection.",
@@ -141,7 +141,7 @@ class Socket:
                 )
             req = validate(data, ResponsesRequest, ignore_unknown=self.ctx.settings.ignore_unknown_fields)
             run = await self._prepare(req)
-        except (ApiError, BusFailure) as exc:
+        except ChorusError as exc:
             self._refused(exc.error, started)
             await self.send_error(exc.error, lane)
             return
@@ -183,7 +183,7 @@ class Socket:
                 self.chains.pop(parent, None)
             await finish(run)
             self._remember(run)
-        except (ApiError, BusFailure) as exc:
+        except ChorusError as exc:
             if parent is not None:
                 self.chains.pop(parent, None)
             await self.send_error(exc.error, lane)

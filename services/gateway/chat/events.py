@@ -1,4 +1,5 @@
-"""Parser events -> Chat Completions: the streamed chunk deltas and the final message.
+"""Parser events -> Chat Completions chunks: the state of one choice (``ChatState``) and the
+SSE chunks its deltas become (``ChunkWriter``); the whole answer is built in ``response.py``.
 
 Reasoning goes out under BOTH ``reasoning_content`` (SGLang, DeepSeek clients) and
 ``reasoning`` (vLLM, OpenRouter clients), so either kind of client works unchanged."""
@@ -8,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from openai.types.chat import ChatCompletion
+import orjson
 
 from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
-from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent, Usage
+from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent
+from services.gateway.chat.response import usage_json
 
 Delta = dict[str, Any]
 
@@ -113,12 +115,16 @@ class ChatState:
         return deltas
 
     @property
+    def aborted(self) -> bool:
+        """The engine stopped the generation before its end (Chat has no finish reason for it:
+        the run fails, so a cut-off answer never looks complete)."""
+        return self.finished is not None and self.finished.finish_reason == "abort"
+
+    @property
     def finish_reason(self) -> str:
         if self.finished is None:
             return "stop"
         reason = self.finished.finish_reason
-        if reason == "abort":
-            return "stop"
         if self.tools and reason == "stop":
             return "tool_calls"
         return reason
@@ -126,40 +132,6 @@ class ChatState:
     @property
     def text(self) -> str:
         return "".join(self.content)
-
-    def completion(self, request_id: str, model: str, created: int) -> ChatCompletion:
-        """The whole answer, as openai-python's ChatCompletion (reasoning under both of the
-        names clients read)."""
-        return ChatCompletion.model_validate(
-            {
-                "id": request_id,
-                "object": "chat.completion",
-                "created": created,
-                "model": model,
-                "system_fingerprint": None,
-                "choices": [
-                    {"index": 0, "message": self.message(), "logprobs": None, "finish_reason": self.finish_reason}
-                ],
-                "usage": usage_json(self.finished.usage if self.finished else None),
-            }
-        )
-
-    def message(self) -> dict[str, Any]:
-        reasoning = "".join(self.reasoning) or None
-        msg: dict[str, Any] = {
-            "role": "assistant",
-            "content": "".join(self.content) if (self.content or not self.tools) else None,
-            "refusal": None,
-            "annotations": [],
-            "reasoning_content": reasoning,
-            "reasoning": reasoning,
-        }
-        if self.tools:
-            msg["tool_calls"] = [
-                {"id": t.call_id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
-                for t in self.tools
-            ]
-        return msg
 
 
 def _coalesce(deltas: list[Delta]) -> list[Delta]:
@@ -184,14 +156,26 @@ def _coalesce(deltas: list[Delta]) -> list[Delta]:
     return out
 
 
-def usage_json(usage: Usage | None) -> dict[str, Any]:
-    u = usage or Usage()
-    out: dict[str, Any] = {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-    }
-    if u.cached_tokens is not None:
-        out["prompt_tokens_details"] = {"cached_tokens": u.cached_tokens}
-    return out
+class ChunkWriter:
+    """SSE chunks of one streamed completion: the envelope is serialised once, each delta is
+    spliced into it (a chunk per parser batch is on every token's path). Every chunk is a
+    valid ChatCompletionChunk (a test checks). With ``include_usage`` every chunk but the last
+    carries ``"usage": null``, as OpenAI's do."""
+
+    def __init__(self, base: dict[str, Any], *, include_usage: bool = False) -> None:
+        head = orjson.dumps({**base, "choices": [{"index": 0, "delta": None}]})
+        self._head = b"data: " + head[: head.rindex(b"null")]
+        self._end = b'}],"usage":null}\n\n' if include_usage else b"}]}\n\n"
+        self._tail = b',"logprobs":null,"finish_reason":null' + self._end
+        self.base = base
+        self.include_usage = include_usage
+
+    def delta(self, delta: dict[str, Any]) -> bytes:
+        return self._head + orjson.dumps(delta) + self._tail
+
+    def finish(self, finish_reason: str) -> bytes:
+        return self._head + b'{},"logprobs":null,"finish_reason":' + orjson.dumps(finish_reason) + self._end
+
+    def usage(self, state: ChatState) -> bytes:
+        usage = usage_json(state.finished.usage if state.finished else None)
+        return b"data: " + orjson.dumps({**self.base, "choices": [], "usage": usage}) + b"\n\n"

@@ -17,7 +17,7 @@ from contracts.messages.items import (
     ReasoningItem,
 )
 from services.gateway import structured
-from services.gateway.chat.models import (
+from services.gateway.chat.request import (
     ChatMessage,
     ChatRequest,
     NamedToolChoiceParam,

@@ -6,9 +6,10 @@ import openai.types.chat as chat_types
 
 from contracts.messages.items import FunctionCallItem, FunctionCallOutputItem, MessageItem, ReasoningItem
 from contracts.messages.parse import Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent, Usage
-from services.gateway.chat.convert import messages_to_items
-from services.gateway.chat.models import ChatMessage
-from services.gateway.chat.respond import ChatState, usage_json
+from services.gateway.chat.events import ChatState
+from services.gateway.chat.items import messages_to_items
+from services.gateway.chat.request import ChatMessage
+from services.gateway.chat.response import message, usage_json
 
 
 def _events() -> list[ParseEvent]:
@@ -34,7 +35,7 @@ def test_deltas_are_coalesced_per_batch_and_carry_both_reasoning_names() -> None
         {"tool_calls": [{"index": 0, "function": {"arguments": '{"a":1}'}}]},
     ]
     assert state.finish_reason == "tool_calls"
-    msg = state.message()
+    msg = message(state)
     assert msg["content"] is None and msg["reasoning"] == msg["reasoning_content"] == "Thinking."
     chat_types.ChatCompletionMessage.model_validate(msg)
 
@@ -47,7 +48,7 @@ def test_item_done_sends_text_that_was_held_back() -> None:
     # an item that only ever arrives as done (e.g. a recovered tool call) is announced first
     deltas = state.apply([ItemDone(output_index=1, item=FunctionCallItem(call_id="call_2", name="g", arguments="{}"))])
     assert deltas[0]["tool_calls"][0]["id"] == "call_2"
-    assert state.message()["tool_calls"][0]["function"]["arguments"] == "{}"
+    assert message(state)["tool_calls"][0]["function"]["arguments"] == "{}"
 
 
 def test_usage_shape() -> None:
@@ -83,3 +84,15 @@ def test_history_conversion_keeps_reasoning_preamble_and_calls() -> None:
     assert isinstance(preamble, MessageItem) and preamble.channel == "commentary"
     assert isinstance(call, FunctionCallItem) and call.arguments == '{"x": 1}'
     assert isinstance(output, FunctionCallOutputItem) and output.output == "ok"
+
+
+def test_an_engine_abort_is_not_a_complete_answer() -> None:
+    """Chat has no finish reason for a generation the engine cut off: the state says it was
+    aborted (the run then fails) instead of passing it off as ``stop``."""
+    state = ChatState()
+    state.apply([ItemAdded(output_index=0, item=MessageItem(role="assistant", content="", id="m"))])
+    state.apply([ItemDelta(output_index=0, delta="Half an ans"), Finished(finish_reason="abort", usage=Usage())])
+    assert state.aborted and state.finish_reason == "abort"
+    done = ChatState()
+    done.apply([Finished(finish_reason="stop", usage=Usage())])
+    assert not done.aborted and done.finish_reason == "stop"
