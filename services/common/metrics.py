@@ -125,3 +125,13 @@ WORKER_IN_FLIGHT = Gauge(
 RECOVERIES = Counter(
     "chorus_parser_recoveries_total", "Malformed model output repaired, by kind", ["kind"], registry=REGISTRY
 )
+
+# -- dispatcher: engines' KV cache events -----------------------------------------------------
+KV_EVENTS = Counter(
+    "chorus_kv_events_total",
+    "KV cache events read from an engine's publisher, by outcome: applied and unknown (a type "
+    "skipped) count events; replayed (applied from the replay socket), undecodable and gap count "
+    "batches; reset counts the times the engine's cache view had to be dropped",
+    ["engine", "outcome"],
+    registry=REGISTRY,
+)

@@ -32,3 +32,23 @@ class Settings(BaseSettings):
         validation_alias=AliasChoices("CHORUS_SIM_LOG_LEVEL", "CHORUS_LOG_LEVEL"),
         description="Python log level.",
     )
+    kv_cache_tokens: int = Field(
+        default=200_000 * 16,
+        description="KV cache capacity in tokens (whole blocks); the least recently used blocks are evicted beyond it.",
+    )
+    kv_block_size: int = Field(default=16, gt=0, description="Tokens per KV cache block, vLLM's default.")
+    kv_events_endpoint: str | None = Field(
+        default=None,
+        description="Publish KV cache events on this ZMQ PUB endpoint, as vLLM's --kv-events-config does "
+        "(e.g. tcp://127.0.0.1:5557; unset: not published).",
+    )
+    kv_events_replay_endpoint: str | None = Field(
+        default=None,
+        description="The ZMQ ROUTER endpoint answering replay requests for missed event batches "
+        "(e.g. tcp://127.0.0.1:5558; unset: no replay).",
+    )
+    kv_events_form: Literal["map", "array"] = Field(
+        default="map",
+        description="How events are encoded: map (vLLM since its events became maps) or array (earlier vLLM, SGLang).",
+    )
+    kv_events_topic: str = Field(default="", description="The topic frame of every event message.")

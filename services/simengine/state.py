@@ -1,13 +1,18 @@
-"""What the SIMULATED engine remembers: every request it saw (for tests), its load, and an
-approximate prefix cache (so ``cached_tokens`` behaves like a real engine's)."""
+"""What the SIMULATED engine remembers: every request it saw (for tests), its load, and a block
+prefix cache (so ``cached_tokens`` behaves like a real engine's, and its KV cache events can be
+published as an engine's are)."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import struct
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from services.common.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
 
 if TYPE_CHECKING:
     from openai_harmony import HarmonyEncoding
@@ -52,25 +57,103 @@ class RequestRecord:
 
 
 class PrefixCache:
-    """Block hashes of prompts seen: the longest cached prefix, in whole blocks."""
+    """The simulated engine's KV cache, as vLLM's prefix cache keeps it: full blocks of
+    ``block_size`` tokens, each named by a chain hash of its parent's hash and its tokens (so a
+    hash names a whole prefix), at most ``capacity_tokens`` worth of them, least recently used
+    evicted first. A request's blocks are touched tail first (as vLLM frees a request's blocks
+    in reverse), so a block is always older than its parent: the oldest block is a leaf, and
+    every cached block's parent is cached. ``on_events`` hears what an engine would publish:
+    ``BlockStored`` per run of newly stored blocks, ``BlockRemoved`` per evicted block,
+    ``AllBlocksCleared`` on ``clear()``."""
 
-    def __init__(self, capacity: int = 200_000) -> None:
-        self._blocks: OrderedDict[int, None] = OrderedDict()
-        self._capacity = capacity
+    def __init__(
+        self,
+        capacity_tokens: int = 200_000 * PREFIX_BLOCK,
+        block_size: int = PREFIX_BLOCK,
+        on_events: Callable[[list[KvEvent]], object] | None = None,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        self.block_size = block_size
+        self.capacity_blocks = max(0, capacity_tokens) // block_size
+        self.on_events = on_events
+        self._parents: OrderedDict[int, int | None] = OrderedDict()  # hash -> parent, oldest first
+
+    def __len__(self) -> int:
+        return len(self._parents)
+
+    def __contains__(self, block_hash: object) -> bool:
+        return block_hash in self._parents
+
+    def __iter__(self) -> Iterator[int]:
+        """The cached blocks' hashes, least recently used first."""
+        return iter(list(self._parents))
+
+    def parent(self, block_hash: int) -> int | None:
+        """The parent of a cached block (None: a first block); ``KeyError`` if not cached."""
+        return self._parents[block_hash]
 
     def lookup_and_insert(self, ids: Sequence[int]) -> int:
-        cached, still_matching, h = 0, True, 0
-        for start in range(0, len(ids) - PREFIX_BLOCK + 1, PREFIX_BLOCK):
-            h = hash((h, tuple(ids[start : start + PREFIX_BLOCK])))
-            if still_matching and h in self._blocks:
-                cached += PREFIX_BLOCK
-                self._blocks.move_to_end(h)
-            else:
-                still_matching = False
-                self._blocks[h] = None
-        while len(self._blocks) > self._capacity:
-            self._blocks.popitem(last=False)
-        return min(cached, max(0, len(ids) - 1))
+        """Cached tokens of ``ids`` (whole blocks, at most ``len(ids) - 1``: the last token is
+        always computed, as in vLLM), storing its full blocks that were not cached."""
+        size, blocks = self.block_size, self._parents
+        full = len(ids) // size
+        chain: list[int] = []
+        parent: int | None = None
+        while len(chain) < full:
+            h = block_hash(parent, ids[len(chain) * size : (len(chain) + 1) * size])
+            if h not in blocks:
+                break
+            chain.append(h)
+            parent = h
+        cached_blocks = min(len(chain), max(0, len(ids) - 1) // size)
+        matched = len(chain)
+        for h in reversed(chain):  # the hit is now the most recent, its tail older than its root
+            blocks.move_to_end(h)
+        stop = min(full, self.capacity_blocks)
+        events: list[KvEvent] = []
+        if stop > matched:
+            # make room first, as an engine evicts when it allocates: the oldest blocks, never this
+            # chain's (matched + new <= capacity, and the chain is the most recent)
+            while len(blocks) + stop - matched > self.capacity_blocks:
+                evicted, _ = blocks.popitem(last=False)
+                events.append(BlockRemoved((evicted,), MEDIUM_GPU))
+            for i in range(matched, stop):
+                h = block_hash(parent, ids[i * size : (i + 1) * size])
+                blocks[h] = parent
+                chain.append(h)
+                parent = h
+            for h in reversed(chain):
+                blocks.move_to_end(h)
+            events.append(
+                BlockStored(
+                    block_hashes=tuple(chain[matched:]),
+                    parent_block_hash=chain[matched - 1] if matched else None,
+                    token_ids=tuple(ids[matched * size : stop * size]),
+                    block_size=size,
+                    medium=MEDIUM_GPU,
+                )
+            )
+        if events and self.on_events is not None:
+            self.on_events(events)
+        return cached_blocks * size
+
+    def clear(self) -> None:
+        """Drop every block (vLLM's ``reset_prefix_cache``): ``AllBlocksCleared``."""
+        self._parents.clear()
+        if self.on_events is not None:
+            self.on_events([AllBlocksCleared()])
+
+
+def block_hash(parent: int | None, tokens: Sequence[int]) -> int:
+    """A block's chain hash, as vLLM's with int hashes: sha256 over the parent's hash and the
+    block's tokens, its last 8 bytes as an unsigned int (``maybe_convert_block_hash``)."""
+    head = b"" if parent is None else parent.to_bytes(8, "big")
+    try:
+        body = struct.pack(f">{len(tokens)}q", *tokens)
+    except struct.error:  # ids beyond 64 bits: the engine refuses them; still, a stable hash
+        body = repr(tuple(tokens)).encode()
+    return int.from_bytes(hashlib.sha256(head + body).digest()[-8:], "big")
 
 
 class Recorder:
