@@ -22,7 +22,7 @@ CLAIM_HEADER = "Chorus-Claim"
 class Subjects:
     namespace: str = "chorus"
 
-    # the generation pipeline (raw nats-py, one message per hop) -------------------------
+    # the generation pipeline (frames: a hop carries a batch of its messages) ----------------
     @property
     def jobs(self) -> str:
         """GenerateJob, gateway -> encoder (queue group)."""
@@ -81,6 +81,17 @@ class Subjects:
     def heartbeats(self) -> str:
         """Every service's heartbeats."""
         return f"{self.namespace}.heartbeat.*"
+
+    # the dispatchers' shared view of the engines -----------------------------------------
+    @property
+    def routing_notes(self) -> str:
+        """RouteNote, every dispatcher -> every dispatcher (fan-out)."""
+        return f"{self.namespace}.routing.notes"
+
+    @property
+    def routing_snapshot(self) -> str:
+        """SnapshotRequest -> a RoutingSnapshot from any dispatcher that has one."""
+        return f"{self.namespace}.routing.snapshot"
 
     # outside NATS subjects, but namespaced the same way ----------------------------------
     @property

@@ -18,6 +18,7 @@ from typing import Any
 
 from contracts.subjects import Subjects
 from services.common import runfile
+from services.common.engine_spec import parse_engine
 from services.common.infra import redact
 from services.up import DEFAULT_NATS, DEFAULT_PORT, DEFAULT_REDIS, NAMESPACE, first_env, up
 
@@ -36,7 +37,6 @@ BUS_SERVICES = tuple(s for s in SERVICE_MODULES if s != "sim-engine")
 # one instance beating as all three)
 ROLES = tuple(s for s in BUS_SERVICES if s != "worker")
 WORKER_ROLES = ("encoder", "dispatcher", "parser")
-ENGINE_KINDS = ("vllm", "sglang", "sim", "openai", "openai-chat")
 # `chorus up --split`: (option, default, what it counts); given without --split, refused
 SPLIT_COUNTS = (("--encoders", 1, "encoder"), ("--dispatchers", 1, "dispatcher"), ("--parser-workers", 2, "parser"))
 
@@ -161,12 +161,10 @@ def _parse_builtin(spec: str) -> str:
 
 
 def _parse_engine(spec: str) -> str:
-    kind, sep, url = spec.partition("=")
-    if not sep or kind.split("+")[0] not in ENGINE_KINDS or not url.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(
-            f"--engine wants KIND=URL with KIND one of {', '.join(ENGINE_KINDS)}, got {spec!r}"
-        )
-    return spec
+    try:
+        return parse_engine(spec).text
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"--engine: {exc}") from None
 
 
 def _parse_namespace(value: str) -> str:
@@ -235,8 +233,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KIND=URL",
         action="append",
         type=_parse_engine,
-        help="engine worker KIND=URL, KIND: vllm | sglang | sim | openai | openai-chat "
-        "(repeatable; default: the built-in simulated engine)",
+        help="an engine, KIND=URL[,kv_events=tcp://HOST:PORT][,kv_replay=tcp://HOST:PORT][,block_size=N]"
+        "[,capacity=TOKENS], KIND: vllm | sglang | sim | openai | openai-chat (repeatable; default: the "
+        "built-in simulated engine, with its KV cache events)",
+    )
+    p_up.add_argument(
+        "--routing",
+        choices=("auto", "cache_aware", "least_load", "round_robin"),
+        default=os.environ.get("CHORUS_ROUTING", "auto"),
+        help="how each request's engine is chosen: cache_aware (the engine that holds most of its prompt, "
+        "weighed against load), least_load, round_robin; auto: cache_aware with more than one engine",
     )
     p_up.add_argument(
         "--builtin-tool",

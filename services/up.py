@@ -195,15 +195,23 @@ def up(args: argparse.Namespace) -> int:
         engines = list(args.engine or [])
         if not engines:
             sim_port = args.sim_port or free_port()
-            sim_env = {**env, "CHORUS_SIM_HOST": "127.0.0.1", "CHORUS_SIM_PORT": str(sim_port)}
+            events, replay = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+            sim_env = {
+                **env,
+                "CHORUS_SIM_HOST": "127.0.0.1",
+                "CHORUS_SIM_PORT": str(sim_port),
+                "CHORUS_SIM_KV_EVENTS_ENDPOINT": events,  # its prefix cache's events, as vLLM's
+                "CHORUS_SIM_KV_EVENTS_REPLAY_ENDPOINT": replay,
+            }
             stack.run(Child("sim-engine", service_args("sim-engine"), sim_env, log("sim-engine")))
-            engines = [f"sim=http://127.0.0.1:{sim_port}"]
+            engines = [f"sim=http://127.0.0.1:{sim_port},kv_events={events},kv_replay={replay}"]
             print(
                 f"chorus: no --engine given: using the built-in SIMULATED engine at "
-                f"http://127.0.0.1:{sim_port} (scripted output, not a model)",
+                f"http://127.0.0.1:{sim_port} (scripted output, not a model; KV cache events at {events})",
                 flush=True,
             )
         env["CHORUS_ENGINES"] = json.dumps(engines)
+        env["CHORUS_ROUTING"] = args.routing
         env["CHORUS_BUILTIN_TOOLS"] = json.dumps(dict(b.split("=", 1) for b in args.builtin_tool or []))
         env["CHORUS_MODELS"] = json.dumps(args.model or ["openai/gpt-oss-20b"])
         # MCP servers on loopback are reachable for local development only (an explicit

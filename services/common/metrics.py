@@ -135,3 +135,20 @@ KV_EVENTS = Counter(
     ["engine", "outcome"],
     registry=REGISTRY,
 )
+
+# -- dispatcher: routing -------------------------------------------------------------------------
+ROUTING_DECISIONS = Counter(
+    "chorus_routing_decisions_total",
+    "Engines chosen, by engine and reason: cache (the tokens it holds decided), load, round_robin",
+    ["engine", "reason"],
+    registry=REGISTRY,
+)
+ROUTING_INDEX_BLOCKS = Gauge(
+    "chorus_routing_index_blocks", "Prompt blocks the routing view says an engine holds", ["engine"], registry=REGISTRY
+)
+ENGINE_PROMPT_TOKENS = Counter(
+    "chorus_engine_prompt_tokens_total",
+    "Prompt tokens per engine as the engine reported them: cached (found in its prefix cache) or prefilled",
+    ["engine", "kind"],
+    registry=REGISTRY,
+)

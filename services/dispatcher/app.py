@@ -14,9 +14,9 @@ from contracts.messages.control import Cancel
 from contracts.messages.generate import GenerateRequest, TokenFrame
 from contracts.subjects import DISPATCHER_QUEUE
 from services.common.runtime import Runtime
+from services.dispatcher.fleet import SelectionPolicy
 from services.dispatcher.service import Dispatcher
 from services.dispatcher.settings import Settings
-from services.dispatcher.workers import SelectionPolicy
 
 log = logging.getLogger("chorus.dispatcher")
 
@@ -33,7 +33,7 @@ async def run(
 ) -> None:
     """Serve until ``stop`` (or a signal); ``ready`` is set once the handlers are subscribed."""
     async with (
-        Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway",)) as rt,
+        Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway", "dispatcher")) as rt,
         Dispatcher(settings, policy=policy) as dispatcher,
     ):
         await wire(rt, dispatcher)
@@ -48,6 +48,7 @@ async def wire(
     that the first heartbeat tells the truth). ``local_parsers``: see ``Dispatcher.bind``."""
     settings = dispatcher.settings
     dispatcher.bind(rt.bus, local_parsers=local_parsers)
+    await dispatcher.join()
     rt.peers.on_death(dispatcher.on_death)
     subjects = settings.subjects
     await rt.bus.subscribe(subjects.cancel, CANCEL, dispatcher.on_cancel)
@@ -56,11 +57,11 @@ async def wire(
     )
     rt.load = lambda: dispatcher.load
     rt.ready = dispatcher.readiness
-    rt.simulated = lambda: any(w.simulated for w in dispatcher.workers)
+    rt.simulated = lambda: any(e.simulated for e in dispatcher.engines)
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(dispatcher.health_checked.wait(), settings.health_timeout_s + 1)
     log.info(
         "dispatcher %s: engines %s",
         settings.instance_id,
-        ", ".join(f"{w.kind}={w.url}" for w in dispatcher.workers) or "none",
+        ", ".join(f"{e.kind}={e.url}" for e in dispatcher.engines) or "none",
     )

@@ -36,9 +36,10 @@ from services.dispatcher.batches import BatchWriter, merge, relay
 from services.dispatcher.engines.base import EngineFailure
 from services.dispatcher.engines.http import EngineHttp
 from services.dispatcher.engines.stream import EngineStream, open_stream
+from services.dispatcher.fleet import Engine, SelectionPolicy, parse_engines, poll_health, readiness
+from services.dispatcher.routing.router import Router
 from services.dispatcher.settings import Settings
 from services.dispatcher.tracing import EngineSpan
-from services.dispatcher.workers import RoundRobin, SelectionPolicy, Worker, parse_workers, poll_health, readiness
 
 log = logging.getLogger("chorus.dispatcher")
 
@@ -57,19 +58,20 @@ class Active:
 
 class Dispatcher:
     def __init__(
-        self, settings: Settings, *, policy: SelectionPolicy | None = None, workers: list[Worker] | None = None
+        self, settings: Settings, *, policy: SelectionPolicy | None = None, engines: list[Engine] | None = None
     ) -> None:
         self.settings = settings
-        self.policy: SelectionPolicy = policy or RoundRobin()
-        self.workers = (
-            workers
-            if workers is not None
-            else parse_workers(
+        self.engines = (
+            engines
+            if engines is not None
+            else parse_engines(
                 settings.engines,
                 sglang_mode=settings.sglang_stream_mode,
                 sglang_default_max_tokens=settings.sglang_default_max_tokens,
             )
         )
+        self.router = Router(settings, self.engines)
+        self.policy: SelectionPolicy = policy or self.router
         self.active: dict[str, Active] = {}
         self.health_checked = asyncio.Event()
         self._cancelled: OrderedDict[str, None] = OrderedDict()
@@ -93,7 +95,7 @@ class Dispatcher:
         self._tg.create_task(
             poll_health(
                 self.http,
-                self.workers,
+                self.engines,
                 interval=s.health_interval_s,
                 timeout=s.health_timeout_s,
                 stop=self._stop,
@@ -126,8 +128,13 @@ class Dispatcher:
             / 1000
         )
 
+    async def join(self) -> None:
+        """Share the routing view with the other dispatchers (after ``bind``)."""
+        assert self.bus is not None and self._tg is not None
+        await self.router.join(self.bus, self._tg, self._stop)
+
     def readiness(self) -> tuple[bool, str]:
-        return readiness(self.workers)
+        return readiness(self.engines)
 
     @property
     def load(self) -> int:
@@ -188,7 +195,11 @@ class Dispatcher:
             self._end(active, "cancel")
 
     async def on_death(self, service: str, instance: str) -> None:
-        """A gateway died: nobody reads its generations any more."""
+        """A gateway died: nobody reads its generations any more. A dispatcher died: its
+        generations no longer load their engines."""
+        if service == "dispatcher":
+            self.router.on_dispatcher_death(instance)
+            return
         if service != "gateway":
             return
         orphans = [a for a in self.active.values() if a.request.route.gateway == instance]
@@ -221,10 +232,15 @@ class Dispatcher:
         assert self._tokens is not None and self.bus is not None
         subject = self.bus.subjects.parser_tokens(req.route.parser)
         tokens = self._tokens
+        prefilling = True
 
         def put(batch: TokenBatch, urgent: bool) -> None:
+            nonlocal prefilling
             tokens.put(subject, batch, urgent=urgent)  # (an urgent batch is sent in this call)
             span.batch(batch)
+            if prefilling and batch.token_ids:  # the engine's first tokens: its prefill is done
+                prefilling = False
+                self.router.decoding(req)
 
         return BatchWriter(put, req)
 
@@ -233,7 +249,7 @@ class Dispatcher:
         req = active.request
         span = EngineSpan(req)
         writer = self._writer(req, span)
-        worker: Worker | None = None
+        worker: Engine | None = None
         stream: EngineStream | None = None
         try:
             opened = await self._open_any(req)
@@ -242,7 +258,8 @@ class Dispatcher:
                 self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher", error=opened))
                 return
             worker, stream = opened
-            span.accepted(worker.url, worker.kind)
+            span.accepted(worker.url, worker.kind, self.router.expected_cached(req.generation_id, worker.url))
+            self.router.started(req, worker)
             self._tell(
                 req,
                 GenerationAccepted(
@@ -271,6 +288,7 @@ class Dispatcher:
                 self._tell(req, GenerationFailed(generation_id=req.generation_id, stage="dispatcher", error=error))
         finally:
             span.end()
+            self.router.ended(req)
             if worker is not None:
                 worker.in_flight -= 1
             if stream is not None:
@@ -278,7 +296,7 @@ class Dispatcher:
             self._forget(active)
 
     async def _ended(
-        self, active: Active, worker: Worker | None, stream: EngineStream | None, writer: BatchWriter
+        self, active: Active, worker: Engine | None, stream: EngineStream | None, writer: BatchWriter
     ) -> None:
         """Cancelled, orphaned or shutting down: abort in the engine, then the last batch."""
         req = active.request
@@ -296,16 +314,16 @@ class Dispatcher:
         else:
             writer.final("abort")
 
-    async def _open_any(self, req: GenerateRequest) -> tuple[Worker, EngineStream] | BusError:
+    async def _open_any(self, req: GenerateRequest) -> tuple[Engine, EngineStream] | BusError:
         """The first worker (in policy order) whose engine takes the request; connection
         failures move on to the next, other failures are the answer."""
         assert self.http is not None
-        ranked = self.policy.rank(req, self.workers)
+        ranked = self.policy.rank(req, self.engines)
         if req.resume_tokens:
             ranked = [w for w in ranked if w.adapter.resumable]
         if not ranked:
             reason = (
-                "no engine worker can continue an interrupted output"
+                "no engine can continue an interrupted output"
                 if req.resume_tokens
                 else "no engine workers are configured (CHORUS_ENGINES)"
             )
@@ -339,9 +357,9 @@ class Dispatcher:
             worker.mark_up()
             return worker, stream
         if failures:
-            log.warning("generation %s: no engine worker took it: %s", req.generation_id, "; ".join(failures))
+            log.warning("generation %s: no engine took it: %s", req.generation_id, "; ".join(failures))
         return BusError(
             code=ErrorCode.ENGINE_UNAVAILABLE,
             retryable=False,
-            message="no engine worker could take the request: " + "; ".join(failures or ["timed out"]),
+            message="no engine could take the request: " + "; ".join(failures or ["timed out"]),
         )

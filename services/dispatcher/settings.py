@@ -8,19 +8,22 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import NoDecode
 
+from services.common.engine_spec import parse_engine, split_engines
 from services.common.settings import BusSettings
 
-ENGINE_KINDS = ("vllm", "sglang", "sim", "openai", "openai-chat")
 StreamMode = Literal["auto", "cumulative", "incremental"]
+Routing = Literal["auto", "cache_aware", "least_load", "round_robin"]
 
 
 class Settings(BusSettings):
     engines: Annotated[list[str], NoDecode] = Field(
         default=[],
-        description="Engine workers, KIND=URL each (a JSON list works too). KIND: vllm | "
-        "sglang | openai | openai-chat (text mode) | sim (the stand-in engine, spoken to as "
-        "vLLM); SGLang workers may pin their stream mode: sglang+incremental=URL, "
-        "sglang+cumulative=URL.",
+        description="Engines, KIND=URL[,OPTION=VALUE...] each, comma-separated (a JSON list works too). "
+        "KIND: vllm | sglang | openai | openai-chat (text mode) | sim (the stand-in engine, spoken to as "
+        "vLLM); SGLang engines may pin their stream mode: sglang+incremental=URL, sglang+cumulative=URL. "
+        "Options: kv_events=tcp://HOST:PORT (the engine's KV cache event publisher), "
+        "kv_replay=tcp://HOST:PORT (its replay socket), block_size=N (tokens per KV block), "
+        "capacity=TOKENS (what its KV cache holds).",
     )
     connect_timeout_s: float = Field(default=3.0, description="TCP connect to an engine (seconds).")
     accept_timeout_s: float = Field(
@@ -53,6 +56,35 @@ class Settings(BusSettings):
         default=1024, description="Engine answers in hand at once, all workers together (more wait)."
     )
 
+    routing: Routing = Field(
+        default="auto",
+        description="How an engine is chosen per request. cache_aware: the lowest expected cost, the "
+        "prompt tokens the engine must prefill (what it does not hold, from its KV cache events or, "
+        "without them, from what the stack sent it) plus its queued prefill and running decodes, one "
+        "view shared by every dispatcher over the bus; least_load: the same without the cache; "
+        "round_robin: in turn; auto: cache_aware with more than one engine, else round_robin.",
+    )
+    decode_weight: float = Field(
+        default=64.0,
+        ge=0,
+        description="In cache_aware and least_load routing, what one running generation costs an engine, "
+        "in prompt tokens to prefill.",
+    )
+    kv_capacity_tokens: int = Field(
+        default=1_048_576,
+        gt=0,
+        description="How many tokens an engine without KV cache events (and no capacity= in its spec) is "
+        "assumed to hold: the stack's record of what it sent there is aged to that.",
+    )
+    kv_block_size: int = Field(
+        default=16, gt=0, description="Tokens per KV block of an engine without events and no block_size=."
+    )
+    kv_silence_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="An engine's KV event stream silent this long is logged (an idle engine sends nothing).",
+    )
+
     @field_validator("engines", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
@@ -60,17 +92,12 @@ class Settings(BusSettings):
             text = value.strip()
             if text.startswith("["):
                 return json.loads(text)
-            return [part.strip() for part in text.split(",") if part.strip()]
+            return split_engines(text)
         return value
 
     @field_validator("engines")
     @classmethod
     def _check(cls, value: list[str]) -> list[str]:
         for spec in value:
-            kind, sep, url = spec.partition("=")
-            base, _, mode = kind.partition("+")
-            if not sep or base not in ENGINE_KINDS or not url.startswith(("http://", "https://")):
-                raise ValueError(f"engine {spec!r}: want KIND=URL, KIND one of {ENGINE_KINDS}")
-            if mode and (base != "sglang" or mode not in ("auto", "cumulative", "incremental")):
-                raise ValueError(f"engine {spec!r}: only sglang takes +auto|+cumulative|+incremental")
+            parse_engine(spec)  # a ValueError names what is wrong
         return value

@@ -2,7 +2,7 @@
 request's span (the trace context the generation carries).
 
 It starts when the dispatcher takes the request (worker selection and the engine's accept
-count in it), names the engine worker that took it, marks the first output token with an event
+count in it), names the engine that took it, marks the first output token with an event
 (and ``gen_ai.response.time_to_first_chunk``), and ends with the finish reason and usage of the
 final batch, or the failure."""
 
@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 from contracts.errors import BusError
 from contracts.messages.generate import GenerateRequest, TokenBatch
 from services.common import telemetry
+from services.common.metrics import ENGINE_PROMPT_TOKENS
 
 
 class EngineSpan:
@@ -23,6 +24,7 @@ class EngineSpan:
         sampling = req.sampling
         self._started = time.monotonic()
         self._first = False
+        self.engine: str | None = None
         self.span = telemetry.child_span(
             f"text_completion {req.model}",
             req.trace,
@@ -38,11 +40,18 @@ class EngineSpan:
             },
         )
 
-    def accepted(self, url: str, kind: str) -> None:
-        """The engine worker at ``url`` took the request."""
+    def accepted(self, url: str, kind: str, expected_cached: int = 0) -> None:
+        """The engine at ``url`` took the request, expected to hold ``expected_cached`` of its
+        prompt tokens (the routing view's)."""
         where = urlsplit(url)
+        self.engine = url
         self.span.set_attributes(
-            {telemetry.GEN_AI_PROVIDER_NAME: kind, "chorus.engine.worker": url, "server.address": where.hostname or url}
+            {
+                telemetry.GEN_AI_PROVIDER_NAME: kind,
+                "chorus.engine.worker": url,
+                "chorus.engine.expected_cached_tokens": expected_cached,
+                "server.address": where.hostname or url,
+            }
         )
         if where.port is not None:
             self.span.set_attribute("server.port", where.port)
@@ -58,8 +67,15 @@ class EngineSpan:
         if batch.finish_reason is not None:
             self.span.set_attribute(telemetry.GEN_AI_RESPONSE_FINISH_REASONS, [batch.finish_reason])
         if batch.usage is not None:
-            self.span.set_attribute(telemetry.GEN_AI_USAGE_INPUT_TOKENS, batch.usage.prompt_tokens)
-            self.span.set_attribute(telemetry.GEN_AI_USAGE_OUTPUT_TOKENS, batch.usage.completion_tokens)
+            usage = batch.usage
+            self.span.set_attribute(telemetry.GEN_AI_USAGE_INPUT_TOKENS, usage.prompt_tokens)
+            self.span.set_attribute(telemetry.GEN_AI_USAGE_OUTPUT_TOKENS, usage.completion_tokens)
+            if usage.cached_tokens is not None:
+                self.span.set_attribute("gen_ai.usage.cache_read.input_tokens", usage.cached_tokens)
+            if self.engine is not None:  # as the engine reported them
+                cached = usage.cached_tokens or 0
+                ENGINE_PROMPT_TOKENS.labels(self.engine, "cached").inc(cached)
+                ENGINE_PROMPT_TOKENS.labels(self.engine, "prefilled").inc(max(0, usage.prompt_tokens - cached))
         if batch.error is not None:
             self.failed(batch.error)
 

@@ -24,8 +24,8 @@ from services.common.harmony import harmony_encoding
 from services.common.runtime import Runtime
 from services.common.telemetry import setup_tracing
 from services.dispatcher import app as dispatcher_app
+from services.dispatcher.fleet import SelectionPolicy
 from services.dispatcher.service import Dispatcher
-from services.dispatcher.workers import SelectionPolicy
 from services.encoder import app as encoder_app
 from services.encoder.service import Encoder
 from services.parser import app as parser_app
@@ -46,7 +46,7 @@ async def run(
     # one process, one service in the traces (the roles' Runtimes would name it after the first)
     setup_tracing("worker", settings.otlp_endpoint, instance_id=settings.instance_id)
     async with (
-        Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway",)) as rt,
+        Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway", "dispatcher")) as rt,
         Runtime.start(settings, "encoder", stop=rt.stop, joins=rt) as encoder_rt,
         Runtime.start(settings, "parser", stop=rt.stop, joins=rt, watch=("gateway",)) as parser_rt,
         parser_app.parsing(parser_rt, settings) as sessions,

@@ -17,8 +17,8 @@ from services.dispatcher.engines import make_adapter
 from services.dispatcher.engines.base import EngineChunk, StreamDecoder, error_for_status, error_message
 from services.dispatcher.engines.sglang import Mode, SglangAdapter, SglangDecoder, generate_body
 from services.dispatcher.engines.vllm import VllmDecoder, completion_body
+from services.dispatcher.fleet import RoundRobin, parse_engines
 from services.dispatcher.settings import Settings
-from services.dispatcher.workers import RoundRobin, parse_workers
 
 REQ = GenerateRequest(
     generation_id="r1",
@@ -228,20 +228,20 @@ def test_error_message_shapes() -> None:
     assert error_message({}, "d") == "d"
 
 
-def test_round_robin_skips_unhealthy_workers() -> None:
-    workers = parse_workers(["sim=http://a", "vllm=http://b", "sglang+incremental=http://c"])
-    assert [w.kind for w in workers] == ["sim", "vllm", "sglang"]
-    pinned = workers[2].adapter
+def test_round_robin_skips_unhealthy_engines() -> None:
+    engines = parse_engines(["sim=http://a", "vllm=http://b", "sglang+incremental=http://c"])
+    assert [e.kind for e in engines] == ["sim", "vllm", "sglang"]
+    pinned = engines[2].adapter
     assert isinstance(pinned, SglangAdapter) and pinned.mode == "incremental"
     policy = RoundRobin()
-    firsts = [policy.rank(REQ, workers)[0].url for _ in range(3)]
+    firsts = [policy.rank(REQ, engines)[0].url for _ in range(3)]
     assert firsts == ["http://a", "http://b", "http://c"]
-    workers[1].mark_down("refused")
-    ranks = [policy.rank(REQ, workers) for _ in range(3)]
-    assert all("http://b" not in [w.url for w in r] for r in ranks)
-    for w in workers:
-        w.mark_down("refused")
-    assert len(policy.rank(REQ, workers)) == 3  # all down: try them all anyway
+    engines[1].mark_down("refused")
+    ranks = [policy.rank(REQ, engines) for _ in range(3)]
+    assert all("http://b" not in [e.url for e in r] for r in ranks)
+    for e in engines:
+        e.mark_down("refused")
+    assert len(policy.rank(REQ, engines)) == 3  # all down: try them all anyway
 
 
 def test_engine_settings_parse(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -78,12 +78,12 @@ def in_flight(n: int) -> dict[str, Active]:
 
 
 async def test_the_window_grows_with_the_generations_in_flight_up_to_the_maximum() -> None:
-    dispatcher = Dispatcher(Settings(engines=[], coalesce_window_ms=1.0, coalesce_max_window_ms=20.0), workers=[])
+    dispatcher = Dispatcher(Settings(engines=[], coalesce_window_ms=1.0, coalesce_max_window_ms=20.0), engines=[])
     windows: list[float] = []
     for n in (0, 1, 4, 19, 20, 64):
         dispatcher.active = in_flight(n)
         windows.append(round(dispatcher.window() * 1000, 6))
     assert windows == [1.0, 1.0, 4.0, 19.0, 20.0, 20.0]
-    fixed = Dispatcher(Settings(engines=[], coalesce_window_ms=2.0, coalesce_max_window_ms=0.0), workers=[])
+    fixed = Dispatcher(Settings(engines=[], coalesce_window_ms=2.0, coalesce_max_window_ms=0.0), engines=[])
     fixed.active = in_flight(64)
     assert fixed.window() == 0.002  # a maximum of 0 keeps the window as it is

@@ -103,7 +103,7 @@ def status_error(status: int, message: str) -> BusError:
     engine_died = any(hint in message.lower() for hint in _ENGINE_FAULT_HINTS)
     if 400 <= status < 500 and not engine_died:
         return error_for_status(status, message)
-    if status == 503 or engine_died:  # another engine worker may well continue it
+    if status == 503 or engine_died:  # another engine may well continue it
         return BusError(code=ErrorCode.ENGINE_UNAVAILABLE, message=message, retryable=True)
     return BusError(code=ErrorCode.ENGINE_ERROR, message=message)
 
