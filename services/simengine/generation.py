@@ -1,5 +1,6 @@
-"""One SIMULATED generation, protocol-neutral: the scripted token ids, cut by max_tokens and
-stop ids, paced into chunks. The vLLM and SGLang front ends only format what this yields."""
+"""One SIMULATED generation, protocol-neutral: the scripted token ids, generated through the
+request's grammar if it has one, cut by max_tokens and stop ids, paced into chunks. The vLLM
+and SGLang front ends only format what this yields."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from dataclasses import dataclass
 
 from openai_harmony import HarmonyEncoding
 
-from services.simengine.grammar import Constraint
+from services.simengine.constrained import Constrained, generate
+from services.simengine.matcher import Grammar, GrammarUnsupported
 from services.simengine.script import Outcome, Script, limit, plan
 from services.simengine.settings import Settings
 from services.simengine.state import Recorder, RequestRecord
@@ -34,13 +36,25 @@ class GrammarRefused(SimRequestError):
     """A grammar parameter the engine cannot compile."""
 
 
+class Unsupported(SimRequestError):
+    """A grammar the engines take that the simulator cannot run (say an EBNF grammar)."""
+
+
+def runnable(build: Callable[[], Grammar]) -> Grammar:
+    """The grammar ``build`` makes, or ``Unsupported`` (400) if the simulator cannot run it."""
+    try:
+        return build()
+    except GrammarUnsupported as exc:
+        raise Unsupported(400, f"The simulated engine cannot run this grammar: {exc} is not supported.") from exc
+
+
 class StatusDirective(SimRequestError):
     """``[[sim:status=N]]``: an HTTP error the test asked for (a proxy's or the server's)."""
 
 
 # the protocol's own checks of a request (context length, sampling and grammar parameters):
-# raise ``SimRequestError``; return what a grammar asks of the output
-Check = Callable[[list[int]], Constraint | None]
+# raise ``SimRequestError``; return the request's grammar and where it starts, if it has one
+Check = Callable[[list[int]], Constrained | None]
 
 
 @dataclass(frozen=True)
@@ -136,9 +150,9 @@ def prepare(
     recorder.add(record)
     if not prompt:
         raise SimRequestError(400, "The prompt is empty: at least one token id is required.")
-    constraint = check(prompt)
+    constrained = check(prompt)
     try:
-        script = plan(prompt, encoding, constraint)
+        script = plan(prompt, encoding)
     except Exception as exc:  # undecodable prompt
         raise SimRequestError(400, f"Invalid prompt: {exc}") from exc
     record.prompt_text = script.prompt_text
@@ -151,7 +165,10 @@ def prepare(
         )
     room = settings.max_model_len - len(prompt)
     cap = min(max_tokens, room) if max_tokens is not None else room
-    outcome = limit(script.output_ids, cap, stop_token_ids, () if ignore_eos else EOS_TOKEN_IDS)
+    output = script.output_ids
+    if constrained is not None and script.directives.raw is None:  # [[sim:raw]] is emitted as written
+        output = generate(output, script.calls, encoding, constrained)
+    outcome = limit(output, cap, stop_token_ids, () if ignore_eos else EOS_TOKEN_IDS)
     cached = recorder.prefix_cache.lookup_and_insert(prompt)
     return Generation(record, script, outcome, settings, recorder, cached)
 

@@ -32,8 +32,9 @@ class NoInstance(ValueError):
     """The schema admits no value this builder can find (``false``, a cycle of required refs)."""
 
 
-def minimal_instance(schema: Any) -> Any:
-    return _build(schema, schema, 0)
+def minimal_instance(schema: Any, root: Any = None) -> Any:
+    """``root``: the schema ``schema`` belongs to, for its ``$ref``s (default: itself)."""
+    return _build(schema, schema if root is None else root, 0)
 
 
 def _resolve(root: Any, ref: str) -> Any:

@@ -6,9 +6,10 @@ Not a model. It reads the decoded prompt and writes plausible Harmony:
 - last message a tool result: analysis, then a final answer quoting the tool's output;
 - otherwise: analysis ("The user says ...") and a final answer echoing the user, <|return|>.
 
-A grammar is obeyed, as a constrained model would: a required call goes to an allowed tool
-(whatever the last message), and a final answer is a minimal JSON value of the schema. So is
-the developer message's "# Response Formats" section, as a model reading it would.
+The developer message's "# Response Formats" section is followed, as a model reading it would:
+the final answer is a minimal JSON value of its schema. A request's grammar is not read here:
+the script is generated through it (``constrained``), and ``Script.calls`` are the calls the
+model could make instead of its scripted message (one to each declared tool).
 
 Directives in the last user message steer it (see ``Directives``)."""
 
@@ -25,7 +26,6 @@ from openai_harmony import HarmonyEncoding
 
 from services.common.harmony import START
 from services.common.tokens import encode_text
-from services.simengine.grammar import Constraint
 from services.simengine.instance import NoInstance, minimal_instance
 from services.simengine.prompt import (
     PromptMessage,
@@ -82,10 +82,19 @@ class Directives:
 
 
 @dataclass(frozen=True)
+class Call:
+    """A call the simulated model could write: ``functions.NAME`` and its JSON arguments."""
+
+    recipient: str
+    arguments: str
+
+
+@dataclass(frozen=True)
 class Script:
     prompt_text: str
     output_ids: list[int]
     directives: Directives
+    calls: tuple[Call, ...] = ()  # the script's tool first
 
 
 def _int(value: str | None) -> int | None:
@@ -184,22 +193,25 @@ def filler_ids(encoding: HarmonyEncoding, n: int) -> list[int]:
     return [words[i % len(words)] for i in range(n)]
 
 
+def _arguments(tool: ToolSignature, user: str) -> str:
+    return _safe(json.dumps(synthesize_args(tool, user), ensure_ascii=False))
+
+
 def _call(tool: ToolSignature, user: str, why: str) -> str:
-    args = json.dumps(synthesize_args(tool, user), ensure_ascii=False)
     return (
         f"<|channel|>analysis<|message|>{why}<|end|>"
         f"<|start|>assistant<|channel|>commentary to={tool.recipient} "
-        f"<|constrain|>json<|message|>{_safe(args)}<|call|>"
+        f"<|constrain|>json<|message|>{_arguments(tool, user)}<|call|>"
     )
 
 
-def allowed_tool(tools: Sequence[ToolSignature], constraint: Constraint, user_text: str) -> ToolSignature:
-    """The tool a required call goes to: a declared one the grammar allows (the one the user
-    names, else the first), else the first allowed name, with no known parameters."""
-    declared = [t for t in tools if t.namespace == constraint.namespace and t.name in constraint.tools]
-    if declared:
-        return choose_tool(declared, user_text)
-    return ToolSignature(constraint.namespace, constraint.tools[0])
+def calls(tools: Sequence[ToolSignature], user_text: str) -> tuple[Call, ...]:
+    """A call to each declared tool, the one the script would choose first."""
+    if not tools:
+        return ()
+    first = choose_tool(tools, user_text)
+    ordered = [first, *(t for t in tools if t is not first)]
+    return tuple(Call(t.recipient, _arguments(t, user_text)) for t in ordered)
 
 
 def final_json(schema: object) -> str | None:
@@ -211,18 +223,15 @@ def final_json(schema: object) -> str | None:
 
 
 def compose(
-    messages: Sequence[PromptMessage], tools: Sequence[ToolSignature], constraint: Constraint | None = None
+    messages: Sequence[PromptMessage], tools: Sequence[ToolSignature], final_schema: object | None = None
 ) -> str:
-    """The Harmony completion text (after the prompt's ``<|start|>assistant``)."""
+    """The Harmony completion text (after the prompt's ``<|start|>assistant``); ``final_schema``:
+    the JSON schema the final answer follows (the prompt's response format)."""
     user_index, user_raw = _last_user(messages)
     user = _quote(strip_directives(user_raw))
     last = messages[-1] if messages else None
-    schema = constraint.final_schema if constraint is not None else None
-    answer = final_json(schema) if schema is not None else None
+    answer = final_json(final_schema) if final_schema is not None else None
     answer = _safe(answer) if answer is not None else None
-    if constraint is not None and constraint.tools:
-        tool = allowed_tool(tools, constraint, user)
-        return _call(tool, user, f'The user says "{user}". I must call {tool.name}.')
     if last is not None and last.author not in _TOOL_AUTHORS:
         output = _quote(last.content.strip())
         name = last.author.split(".", 1)[-1]
@@ -241,20 +250,22 @@ def compose(
     )
 
 
-def plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding, constraint: Constraint | None = None) -> Script:
-    """Everything the simulated model will say for this prompt (before max_tokens/stops),
-    obeying ``constraint`` (what the request's grammar asks).
+def plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> Script:
+    """Everything the simulated model will say for this prompt (before max_tokens/stops and
+    before any grammar).
 
     A prompt that ends inside the model's own output (a gateway continuing an interrupted
     generation sends the output so far after the prompt) continues that output, as a model
     sampling greedily would: the script of the prompt before the output, minus what is there."""
     start = output_start(prompt_ids, encoding)
     if start is not None and start < len(prompt_ids):
-        base = _plan(prompt_ids[:start], encoding, constraint)
+        base = _plan(prompt_ids[:start], encoding)
         already = list(prompt_ids[start:])
         if base.output_ids[: len(already)] == already:
-            return Script(encoding.decode(list(prompt_ids)), base.output_ids[len(already) :], base.directives)
-    return _plan(prompt_ids, encoding, constraint)
+            return Script(
+                encoding.decode(list(prompt_ids)), base.output_ids[len(already) :], base.directives, base.calls
+            )
+    return _plan(prompt_ids, encoding)
 
 
 def output_start(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> int | None:
@@ -298,7 +309,7 @@ def _assistant_id(encoding: HarmonyEncoding) -> int:
     return ids[0]
 
 
-def _plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding, constraint: Constraint | None) -> Script:
+def _plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> Script:
     text = encoding.decode(list(prompt_ids))
     messages = parse_prompt(prompt_ids, encoding.decode)
     user_index, user_raw = _last_user(messages)
@@ -316,12 +327,10 @@ def _plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding, constraint: Cons
         return Script(text, [*head, *filler_ids(encoding, max(0, said.tokens)), *tail], said)
     developer = [m.content for m in messages if m.author == "developer"]
     tools = [t for text in developer for t in parse_tools(text)]
-    if constraint is None or (constraint.final_schema is None and not constraint.tools):
-        prompted = next((s for text in developer if (s := parse_response_format(text)) is not None), None)
-        if prompted is not None:  # no grammar: the model follows the prompt's response format
-            constraint = Constraint(final_schema=prompted)
-    body = compose(messages, tools, constraint)
-    return Script(text, encode_harmony(encoding, body), said)
+    prompted = next((s for text in developer if (s := parse_response_format(text)) is not None), None)
+    body = compose(messages, tools, prompted)
+    user = _quote(strip_directives(user_raw))
+    return Script(text, encode_harmony(encoding, body), said, calls(tools, user))
 
 
 @dataclass(frozen=True)

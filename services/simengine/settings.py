@@ -52,3 +52,14 @@ class Settings(BaseSettings):
         description="How events are encoded: map (vLLM since its events became maps) or array (earlier vLLM, SGLang).",
     )
     kv_events_topic: str = Field(default="", description="The topic frame of every event message.")
+    vllm_enable_in_reasoning: bool = Field(
+        default=False,
+        description="vLLM's --structured-outputs-config enable_in_reasoning (its default: off): a grammar "
+        "constrains from the first output token, reasoning included, whatever vllm_reasoning_gate says.",
+    )
+    vllm_reasoning_gate: bool = Field(
+        default=False,
+        description="Behave as vLLM 0.10.2-0.26 with gpt-oss: its openai_gptoss reasoning parser holds a grammar "
+        "back until the output has <|channel|>final...<|message|> (the tokens before are free). Off (vLLM 0.27 "
+        "and later, whose parser reports the reasoning over from the start): from the first output token.",
+    )

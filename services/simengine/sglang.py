@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from services.simengine.constrained import Constrained
 from services.simengine.generation import (
     Check,
     Generation,
@@ -24,10 +25,13 @@ from services.simengine.generation import (
     IncrementalText,
     SimRequestError,
     StatusDirective,
+    Unsupported,
     decode_text,
     prepare,
+    runnable,
 )
-from services.simengine.grammar import Constraint, GrammarError, check_schema, check_structural_tag, constraint_of
+from services.simengine.grammar import GrammarError, check_schema, check_structural_tag
+from services.simengine.matcher import Grammar, compile_json, compile_pattern, compile_tag
 from services.simengine.settings import Settings
 from services.simengine.state import Recorder, SimState
 
@@ -83,7 +87,7 @@ def checks(sp: SamplingParams, settings: Settings) -> Check:
     --allow-auto-truncate), _validate_input_ids_in_vocab, SamplingParams.verify, and grammars
     its xgrammar backend cannot compile (the scheduler aborts those with a 400)."""
 
-    def check(prompt: list[int]) -> Constraint | None:
+    def check(prompt: list[int]) -> Constrained | None:
         n, context = len(prompt), settings.max_model_len
         if n >= context:
             raise SimRequestError(
@@ -103,7 +107,8 @@ def checks(sp: SamplingParams, settings: Settings) -> Check:
                 400, f"The input_ids {prompt} contains values greater than the vocab size ({settings.vocab_size})."
             )
         _verify(sp)
-        return _grammar(sp)
+        grammar = _grammar(sp)  # from the first output token (a /generate request does not reason first)
+        return None if grammar is None else Constrained(grammar)
 
     return check
 
@@ -124,7 +129,7 @@ def _verify(sp: SamplingParams) -> None:
         raise SimRequestError(400, "Only one of regex, json_schema, or ebnf can be set.")
 
 
-def _grammar(sp: SamplingParams) -> Constraint | None:
+def _grammar(sp: SamplingParams) -> Grammar | None:
     """The grammar key the scheduler compiles (json_schema, regex, ebnf, then structural_tag);
     one xgrammar cannot compile aborts the request: "Invalid grammar request: ..." (400)."""
     key: tuple[str, Any] | None = None
@@ -139,20 +144,23 @@ def _grammar(sp: SamplingParams) -> Constraint | None:
             break
     if key is None:
         return None
+    kind, value = key
     try:
-        if key[0] == "json":
-            schema = json.loads(key[1]) if key[1] != "$$ANY$$" else {}
+        if kind == "json":
+            schema = json.loads(value) if value != "$$ANY$$" else True
             check_schema(schema)
-            return Constraint(final_schema=schema)
-        if key[0] == "structural_tag":
-            if not isinstance(key[1], str):
+            return compile_json(schema)
+        if kind == "structural_tag":
+            if not isinstance(value, str):
                 raise GrammarError("the structural tag is not a string")
-            return constraint_of(check_structural_tag(key[1]))
-        if key[0] == "regex":
-            re.compile(key[1])
-        return None
+            tag = check_structural_tag(value)
+            return runnable(lambda: compile_tag(tag))
+        if kind == "regex":
+            re.compile(value)
+            return runnable(lambda: compile_pattern(value))
     except (GrammarError, ValueError, re.error) as exc:
         raise GrammarRefused(400, f"Invalid grammar request: req.grammar_key={key!r}") from exc
+    raise Unsupported(400, "The simulated engine cannot run this grammar: EBNF grammars are not supported.")
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from services.simengine.constrained import Constrained
 from services.simengine.generation import (
     EOS_TOKEN_IDS,
     Check,
@@ -22,16 +23,13 @@ from services.simengine.generation import (
     GrammarRefused,
     IncrementalText,
     SimRequestError,
+    Unsupported,
     decode_text,
     prepare,
+    runnable,
 )
-from services.simengine.grammar import (
-    Constraint,
-    GrammarError,
-    check_schema,
-    check_structural_tag,
-    structured_outputs_constraint,
-)
+from services.simengine.grammar import GrammarError, check_schema, check_structural_tag
+from services.simengine.matcher import Grammar, compile_choice, compile_json, compile_pattern, compile_tag
 from services.simengine.settings import Settings
 from services.simengine.state import Recorder, SimState
 
@@ -114,7 +112,7 @@ def checks(body: CompletionBody, settings: Settings) -> Check:
     and max_tokens against max_model_len), SamplingParams (max_tokens >= 1), token ids in the
     vocabulary, and structured outputs that xgrammar cannot compile."""
 
-    def check(prompt: list[int]) -> Constraint | None:
+    def check(prompt: list[int]) -> Constrained | None:
         n, limit = len(prompt), settings.max_model_len
         if n >= limit:
             raise _invalid(
@@ -142,16 +140,20 @@ def checks(body: CompletionBody, settings: Settings) -> Check:
         bad = max(prompt)
         if bad >= settings.vocab_size or min(prompt) < 0:
             raise _invalid(f"Token id {bad if bad >= settings.vocab_size else min(prompt)} is out of vocabulary")
-        return _structured(body.structured_outputs)
+        grammar = _structured(body.structured_outputs)
+        if grammar is None:
+            return None
+        gated = settings.vllm_reasoning_gate and not settings.vllm_enable_in_reasoning
+        return Constrained(grammar, "final" if gated else "output")
 
     return check
 
 
-def _structured(params: StructuredOutputs | None) -> Constraint | None:
-    """backend_xgrammar.validate_xgrammar_grammar: the constraint compiles, or a 400."""
+def _structured(params: StructuredOutputs | None) -> Grammar | None:
+    """backend_xgrammar.validate_xgrammar_grammar: the constraint compiles, or a 400; then the
+    grammar the simulated model generates through."""
     if params is None:
         return None
-    fields = params.fields()
     if params.json_ is not None:
         try:
             schema = json.loads(params.json_) if isinstance(params.json_, str) else params.json_
@@ -161,18 +163,25 @@ def _structured(params: StructuredOutputs | None) -> Constraint | None:
             check_schema(schema)
         except GrammarError as exc:
             raise GrammarRefused(400, f"Failed to transform json schema into a grammar: {exc}") from exc
-        fields["json"] = schema
-    elif params.structural_tag is not None:
+        return compile_json(schema)
+    if params.structural_tag is not None:
         try:
-            check_structural_tag(params.structural_tag)
+            tag = check_structural_tag(params.structural_tag)
         except GrammarError as exc:
             raise GrammarRefused(400, "Invalid structural tag specification.") from exc
-    elif params.regex is not None:
+        return runnable(lambda: compile_tag(tag))
+    if params.regex is not None:
         try:
             re.compile(params.regex)
         except re.error as exc:
             raise GrammarRefused(400, f"Failed to transform regex into a grammar: {exc}") from exc
-    return structured_outputs_constraint(fields)
+        regex = params.regex
+        return runnable(lambda: compile_pattern(regex))
+    if params.choice is not None:
+        return compile_choice(params.choice)
+    if params.json_object:
+        return compile_json({"type": "object"})
+    raise Unsupported(400, "The simulated engine cannot run this grammar: EBNF grammars are not supported.")
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:

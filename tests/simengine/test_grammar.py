@@ -1,5 +1,5 @@
-"""The simulator's grammar checks (xgrammar's rules and messages) and the minimal JSON values
-it answers with when a schema is asked for."""
+"""The simulator's grammar checks (xgrammar 0.2.8's rules and messages, the version vLLM 0.33.0
+pins) and the minimal JSON values it answers with when a schema is asked for."""
 
 from __future__ import annotations
 
@@ -31,16 +31,25 @@ JSON = {"type": "json_schema", "json_schema": {"type": "object"}}
         ("[1]", "Structural tag must be an object"),
         (json.dumps({"type": "grammar", "format": ANY}), 'type must be a string "structural_tag"'),
         (json.dumps({"type": "structural_tag"}), "must have a format field"),
-        (tag({"type": "optional", "content": ANY}), "Format type not recognized: optional"),
-        (tag({"type": "const_string", "value": ""}), "non-empty string"),
-        (tag({"type": "any_text", "excludes": ["x"]}), "should not have any fields other than type"),
+        (tag({"type": "frob", "content": ANY}), "Format type not recognized: frob"),
+        (tag({"type": 3}), "Format's type must be a string"),
+        (tag({}), "Invalid format: {}"),
+        (tag({"type": "const_string"}), "must have a value field with a string"),
+        (tag({"type": "any_text", "excludes": "x"}), "excluded_strs field must be an array"),
+        (tag({"type": "any_text", "max_chars": -1}), "max_chars in any_text must be a non-negative 32-bit integer"),
         (tag({"type": "json_schema", "json_schema": "{}"}), "object or boolean"),
         (tag({"type": "json_schema", "json_schema": {"type": "frob"}}), "Invalid JSON schema"),
         (tag({"type": "sequence", "elements": []}), "at least one element"),
-        (tag({"type": "sequence", "elements": [ANY, JSON]}), "Only the last element in a sequence can be unlimited"),
-        (tag({"type": "or", "elements": [ANY, JSON]}), "both unlimited and limited"),
-        (tag({"type": "tag", "begin": "<a>", "content": ANY, "end": ""}), "end of the tag format cannot be empty"),
-        (tag({"type": "tag", "begin": "<a>", "content": JSON, "end": ["</a>"]}), "end field must be a string"),
+        (tag({"type": "json_schema", "json_schema": {}, "style": "yaml"}), 'style must be "json"'),
+        (
+            tag({"type": "tag", "begin": "<a>", "content": ANY, "end": ""}),
+            "When the content is unlimited, at least one end string must be non-empty",
+        ),
+        (tag({"type": "tag", "begin": "<a>", "content": JSON, "end": []}), "end array cannot be empty"),
+        (tag({"type": "tag", "begin": "<a>", "content": JSON, "end": 3}), "end field must be a string or array"),
+        (tag({"type": "repeat", "min": 2, "max": 1, "content": ANY}), "Repeat min must be <= max"),
+        (tag({"type": "token", "token": -1}), "Token ID must be non-negative"),
+        (tag({"type": "dispatch", "rules": []}), "TagDispatch format rules must be non-empty"),
         (tag({"type": "triggered_tags", "triggers": [], "tags": []}), "triggers must be non-empty"),
         (
             tag(
@@ -74,10 +83,8 @@ JSON = {"type": "json_schema", "json_schema": {"type": "object"}}
             "must be a boolean",
         ),
         (
-            tag(
-                {"type": "tags_with_separator", "tags": [{"begin": "<f>", "content": JSON, "end": ""}], "separator": ""}
-            ),
-            "separator field must be a non-empty string",
+            tag({"type": "tags_with_separator", "tags": [{"begin": "<f>", "content": JSON, "end": ""}]}),
+            "separator field must be a string",
         ),
         (tag({"type": "regex", "pattern": "(unclosed"}), "Invalid regex"),
     ],
@@ -102,6 +109,20 @@ def test_structural_tags_xgrammar_takes() -> None:
     legacy = {"structures": [{"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}], "triggers": ["<f"]}
     assert check_structural_tag(json.dumps(legacy))["triggers"] == ["<f"]
     assert constraint_of(vllm_tag).final_schema is None and not constraint_of(vllm_tag).tools
+    # what xgrammar 0.1.30-0.2.8 added: any_text excludes (an excluded content may end a tag with
+    # ""), unlimited formats anywhere in a sequence or an or, empty strings, lists of ends
+    for fmt in [
+        {"type": "any_text", "excludes": ["<|channel|>final"], "max_chars": 10},
+        {"type": "sequence", "elements": [ANY, JSON]},
+        {"type": "or", "elements": [ANY, JSON]},
+        {"type": "const_string", "value": ""},
+        {"type": "tag", "begin": "<a>", "content": {"type": "any_text", "excludes": ["x"]}, "end": ""},
+        {"type": "tag", "begin": "<a>", "content": JSON, "end": ["</a>", ""]},
+        {"type": "tags_with_separator", "tags": [{"begin": "<f>", "content": JSON, "end": ""}], "separator": ""},
+        {"type": "optional", "content": ANY},
+        {"excludes": []},  # no type: the first format its fields parse as (any_text)
+    ]:
+        check_structural_tag(tag(fmt))
 
 
 SCHEMAS: list[dict[str, Any]] = [
