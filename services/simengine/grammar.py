@@ -8,24 +8,17 @@ Since xgrammar 0.1.30, ``any_text`` and ``triggered_tags`` take ``excludes`` and
 ``end`` may be a list; since 0.1.33 there are ``optional``/``plus``/``star``/``repeat``,
 ``dispatch`` and the token formats; since 0.2.0 unlimited formats may stand anywhere in a
 sequence or an ``or``. JSON schemas that are not schemas are refused too. What the grammar asks
-of the output is not read here: the simulated model generates through it (``matcher``).
-
-``constraint_of`` reads back what Chorus's own tags ask (the final answer's schema, the tools a
-call must go to); the simulator no longer uses it, tests comparing tags do."""
+of the output is not read here: the simulated model generates through it (``matcher``)."""
 
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
 from typing import Any
 
 from services.simengine.tagcheck import GrammarError, check_schema, checker
 
-__all__ = ["Constraint", "GrammarError", "check_schema", "check_structural_tag", "constraint_of", "legacy_format"]
+__all__ = ["GrammarError", "check_schema", "check_structural_tag", "legacy_format"]
 
-_RECIPIENT_END = re.compile(r" to=([\w.-]+)\.$")
-_NAME = re.compile(r"[\w.-]+")
 
 
 def check_structural_tag(text: str) -> dict[str, Any]:
@@ -72,66 +65,3 @@ def _check_legacy(tag: dict[str, Any]) -> None:
             raise GrammarError("Each structure's begin must start with a trigger")
         check_schema(s.get("schema"))
 
-
-# what Chorus's tags ask for (tests compare tags by it; the simulator runs the grammar instead)
-@dataclass(frozen=True)
-class Constraint:
-    """What a tag asks of the output."""
-
-    final_schema: dict[str, Any] | bool | None = None
-    tools: tuple[str, ...] = ()
-    namespace: str = "functions"
-
-
-def _walk(node: Any) -> list[dict[str, Any]]:
-    """Every format object in the tag, depth first, in order."""
-    out: list[dict[str, Any]] = []
-    if isinstance(node, dict):
-        out.append(node)
-        for key in ("format", "content", "elements", "tags"):
-            value = node.get(key)
-            for child in value if isinstance(value, list) else [value]:
-                out += _walk(child)
-    return out
-
-
-def _first_json(node: Any) -> dict[str, Any] | bool | None:
-    """The JSON schema a format starts with, if it starts with one."""
-    while isinstance(node, dict):
-        if node.get("type") == "json_schema":
-            schema = node.get("json_schema")
-            return schema if isinstance(schema, dict | bool) else None
-        if node.get("type") == "sequence" and node.get("elements"):
-            node = node["elements"][0]
-        else:
-            return None
-    return None
-
-
-def constraint_of(tag: dict[str, Any]) -> Constraint:
-    formats = _walk(tag)
-    final: dict[str, Any] | bool | None = None
-    for fmt in formats:
-        begin = fmt.get("begin")
-        if isinstance(begin, str) and begin.endswith("final<|message|>"):
-            final = _first_json(fmt.get("content"))
-            break
-    if final is None:
-        root = tag.get("format")
-        alternatives = root.get("elements", []) if isinstance(root, dict) and root.get("type") == "or" else [root]
-        final = next((s for s in map(_first_json, alternatives) if s is not None), None)
-    namespace, tools = "functions", []
-    for fmt in formats:
-        end = fmt.get("end")
-        m = _RECIPIENT_END.search(end) if fmt.get("type") == "tag" and isinstance(end, str) else None
-        if m:
-            namespace = m.group(1)
-            tools = [
-                n.group(0)
-                for f in formats
-                if f.get("type") == "const_string"
-                and not str(f.get("value", "")).startswith(" to=")
-                and (n := _NAME.match(str(f.get("value", "")))) is not None
-            ]
-            break
-    return Constraint(final_schema=None if tools else final, tools=tuple(dict.fromkeys(tools)), namespace=namespace)

@@ -322,3 +322,33 @@ def test_a_schema_no_answer_can_satisfy_is_a_400_before_any_work(stack: RunningS
         )
     assert "minimum 5 above maximum 1" in err.value.message
     assert not [r for r in stack.engine_requests() if marker in r.get("prompt_text", "")]
+
+
+@pytest.mark.parametrize("choice", ["required", "named"])
+def test_a_forced_tool_call_is_a_call_even_where_the_model_would_answer(any_stack: RunningStack, choice: str) -> None:
+    """After a tool result the model wants to answer; ``tool_choice`` required (or naming the
+    function) must still give a call, never call syntax inside an answer. The simulated engine
+    generates through the grammar Chorus sends, as vLLM and SGLang do."""
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "What is the weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Snow, -3C"},
+    ]
+    tool_choice: Any = "required" if choice == "required" else {"type": "function", "function": {"name": "get_weather"}}
+    answer = any_stack.client().chat.completions.create(
+        model=MODEL, messages=messages, tools=[WEATHER_TOOL], tool_choice=tool_choice
+    )
+    choice_0 = answer.choices[0]
+    assert choice_0.finish_reason == "tool_calls", choice_0
+    assert choice_0.message.tool_calls and choice_0.message.tool_calls[0].function.name == "get_weather"
+    assert "to=functions" not in (choice_0.message.content or "")

@@ -65,7 +65,7 @@ def final_text(ids: list[int]) -> str:
 def call_format(tools: list[str]) -> dict[str, Any]:
     """What follows ``to=functions.`` in Chorus's required-call tag: a name, a header end, JSON."""
     fmt = tool_call_format("functions", tools)
-    calls: dict[str, Any] = fmt["elements"][0]["elements"][1]
+    calls: dict[str, Any] = fmt["elements"][1]
     assert {e["elements"][0]["value"] for e in calls["elements"]} == {
         t + end for t in tools for end in CALL_HEADER_ENDS
     }
@@ -105,23 +105,32 @@ async def test_a_required_call_header_is_moved_to_an_allowed_tool(http: httpx.As
     assert json.loads(call["content"][0]["text"]) == {"query": "Paris"}
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize(
-    ("prompt", "answer"),
-    [
-        (user_prompt("Hello there"), "Hello! You said: Hello there"),
-        (tool_round("Weather in Oslo?", '{"city":"Oslo"}', "sunny"), "According to get_weather: sunny"),
+ESCAPABLE_BEFORE = {  # the free part of the required-call tag Chorus sent until 2026-11-28
+    "type": "or",
+    "elements": [
+        {"type": "tag", "begin": "<|channel|>", "content": {"type": "any_text"}, "end": " to=functions."},
+        {"type": "const_string", "value": " to=functions."},
     ],
-    ids=["no-tools", "after-a-tool-result"],
-)
-async def test_todays_required_call_tag_lets_a_final_answer_escape(
+}
+ANSWERING = [
+    (user_prompt("Hello there"), "Hello! You said: Hello there"),
+    (tool_round("Weather in Oslo?", '{"city":"Oslo"}', "sunny"), "According to get_weather: sunny"),
+]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(("prompt", "answer"), ANSWERING, ids=["no-tools", "after-a-tool-result"])
+async def test_a_required_call_tag_whose_free_text_may_hold_a_final_answer_is_escaped(
     http: httpx.AsyncClient, protocol: str, prompt: list[int], answer: str
 ) -> None:
-    """THE HOLE in services/dispatcher/engines/constraints.py ``tool_call_format``: its free
-    part is ``<|channel|>`` + any text up to `` to=functions.``, so a model that wants to answer
-    writes its whole final message, cannot stop there, and is forced into the call syntax INSIDE
-    its answer; it ends with <|return|> and no call is parsed."""
-    tag = structural_tag(OutputConstraint(tools=["get_weather"]))
+    """The hole the required-call tag had (issue 24): free text of ``<|channel|>`` + any text up
+    to `` to=functions.``: a model that wants to answer writes its whole final message, cannot
+    stop there, and is forced into the call syntax INSIDE its answer; it ends with <|return|>
+    and no call is parsed. The simulator, obeying the grammar, escapes it as a model does."""
+    tag = {
+        "type": "structural_tag",
+        "format": {"type": "sequence", "elements": [ESCAPABLE_BEFORE, call_format(["get_weather"])]},
+    }
     ids = await generate(http, protocol, prompt, f"e-{protocol}-{len(prompt)}", tag)
     text = ENC.decode(ids)
     escaped = f"<|channel|>final<|message|>{answer} to=functions.get_weather json<|message|>{{}}<|return|>"
@@ -131,36 +140,25 @@ async def test_todays_required_call_tag_lets_a_final_answer_escape(
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-async def test_a_grammar_forbidding_the_final_channel_gets_a_real_call(http: httpx.AsyncClient, protocol: str) -> None:
-    """A tag whose free part cannot contain ``<|channel|>final`` (any_text ``excludes``, xgrammar
-    0.1.30+) nor start with it: the script's final header is refused, and the model makes the call
-    there instead, as a well-formed Harmony tool call."""
-    free = {
-        "type": "sequence",
-        "elements": [
-            {"type": "or", "elements": [{"type": "const_string", "value": c} for c in ("analysis", "commentary")]},
-            {"type": "any_text", "excludes": ["<|channel|>final"]},
-        ],
-    }
-    fmt = {
-        "type": "sequence",
-        "elements": [
-            {"type": "tag", "begin": "<|channel|>", "content": free, "end": " to=functions."},
-            call_format(["get_weather"]),
-        ],
-    }
-    tag = {"type": "structural_tag", "format": fmt}
-    ids = await generate(
-        http, protocol, tool_round("Weather in Oslo?", '{"city":"Oslo"}', "sunny"), f"r-{protocol}", tag
-    )
+@pytest.mark.parametrize(("prompt", "answer"), ANSWERING, ids=["no-tools", "after-a-tool-result"])
+async def test_chorus_required_call_tag_gets_a_real_call(
+    http: httpx.AsyncClient, protocol: str, prompt: list[int], answer: str
+) -> None:
+    """Chorus's tag (``tool_call_format``): before the call, analysis and commentary only, no
+    final channel anywhere: the script's final header is refused and the model calls the tool
+    there instead; its answer is nowhere. With the tool declared in the prompt (as Chorus always
+    renders it), the call is the well-formed Harmony call the model knows."""
+    tag = structural_tag(OutputConstraint(tools=["get_weather"]))
+    ids = await generate(http, protocol, prompt, f"r-{protocol}-{len(prompt)}", tag)
     text = ENC.decode(ids)
-    assert "<|channel|>final" not in text
-    call_text = '{"city": "Oslo", "unit": "c", "days": 1, "detailed": true}'
-    header = "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
-    assert text.endswith(f"{header}{call_text}<|call|>"), text
-    call = parse_output(ids)[-1]
-    assert call["recipient"] == "functions.get_weather" and call["channel"] == "commentary"
-    assert ids[-1] == CALL
+    assert "<|channel|>final" not in text and answer not in text, text
+    assert ids[-1] == CALL and " to=functions.get_weather" in text, text
+    if "get_weather" in ENC.decode(prompt):  # declared: the model knows the call it makes
+        header = "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        assert header in text, text
+        call = parse_output(ids)[-1]
+        assert call["recipient"] == "functions.get_weather" and call["channel"] == "commentary"
+        assert isinstance(json.loads(call["content"][0]["text"]), dict)
 
 
 def response_format_prompt(text: str, tools: list[Any] | None = None) -> list[int]:

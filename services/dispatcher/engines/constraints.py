@@ -1,23 +1,24 @@
 """``OutputConstraint`` -> the engines' grammar parameter: an xgrammar structural tag.
 
 vLLM (``structured_outputs.structural_tag``) and SGLang (``sampling_params.structural_tag``)
-both compile it with xgrammar (>= 0.1.25: the ``{"type": "structural_tag", "format": ...}``
-form; only formats that version has are used). The tag constrains only what a Harmony model
-must get right and leaves the rest free, so the model still reasons first:
+both compile it with xgrammar (the ``{"type": "structural_tag", "format": ...}`` form, with
+``any_text`` ``excludes``: xgrammar 0.1.30 and later; vLLM 0.33 pins 0.2.8, SGLang 0.5.23
+0.2.7). The tag constrains only what a Harmony model must get right and leaves the rest free,
+so the model still reasons first:
 
-- ``final_schema``: the final channel's text is the schema's JSON. Free text (analysis,
-  preambles, tool calls) until ``final<|message|>``, then the JSON, then only a stop token.
+- ``final_schema``: the final channel's text is the schema's JSON, whichever final header the
+  model writes (``<|channel|>final<|message|>`` or ``<|channel|>final <|constrain|>json<|message|>``).
+  Free text (analysis, preambles, tool calls) until then, then the JSON, then only a stop token.
 - ``tools``: the output must reach a call ``to=NAMESPACE.NAME`` (any header form Harmony
-  renders) with a JSON object as arguments; anything before it (analysis, preambles) is free.
+  renders) with a JSON object as arguments. Before it only analysis and commentary messages
+  (preambles) may come: the free text cannot contain a final channel, so a model that wants to
+  answer cannot write its answer and be forced into call syntax inside it; it must call.
 
-Where the grammar starts differs between deployments, and each tag is correct for both:
-
-- from the first output token (SGLang; vLLM with ``enable_in_reasoning``): the output begins
-  ``<|channel|>`` (or `` to=`` for a recipient-first header);
-- from the final answer's first token: vLLM turns its ``openai_gptoss`` reasoning parser on for
-  gpt-oss by itself and then applies grammars only once ``<|channel|>final...<|message|>`` was
-  generated. ``final_schema`` tags therefore also accept the bare JSON, and ``tools`` tags accept
-  any answer there (a call cannot be forced after the final header; nothing is garbled).
+Both engines apply the grammar from the first output token for gpt-oss (SGLang's /generate;
+vLLM from 0.27, whose gpt-oss reasoning parser no longer gates grammars). vLLM 0.10.2-0.26
+applies grammars only once ``<|channel|>final...<|message|>`` was generated, unless started with
+reasoning-time structured outputs (``--structured-outputs-config.enable_in_reasoning``): start
+those releases so for forced tool calls; ``final_schema`` tags also accept the bare JSON there.
 
 Stop tokens (``<|return|>``, ``<|call|>``) are never spelled in the tag: depending on the engine
 they are xgrammar stop tokens (allowed wherever the grammar may end) or ordinary tokens (taken by
@@ -32,6 +33,10 @@ from typing import Any
 from contracts.messages.generate import GenerateRequest, OutputConstraint
 
 FINAL_TRIGGER = "final<|message|>"  # follows <|channel|>; <|message|> only ever ends a header
+TYPED_FINAL_TRIGGER = "final <|constrain|>"  # the typed final header gpt-oss also writes
+TYPED_FINAL_HEADER = "final <|constrain|>json<|message|>"
+# what the free text before a required call may not contain: a final channel header
+NO_FINAL = ["<|channel|>final"]
 # what may follow "to=NAMESPACE.NAME" up to the arguments, in every header order Harmony has:
 # "<|channel|>commentary to=functions.f <|constrain|>json<|message|>" (the model's usual form),
 # "<|start|>assistant to=functions.f<|channel|>commentary <|constrain|>json<|message|>" (the
@@ -44,9 +49,6 @@ CALL_HEADER_ENDS = (
     "<|channel|>commentary json<|message|>",
 )
 ARGUMENTS_SCHEMA: dict[str, Any] = {"type": "object"}
-# the first character of a final answer the engine constrains only from there (vLLM's gate):
-# not "<" (a Harmony output starts "<|channel|>") and not " " (" to=" starts a call)
-ANSWER_START = "[^< ]"
 
 
 def _const(value: str) -> dict[str, Any]:
@@ -66,18 +68,22 @@ ANY_TEXT: dict[str, Any] = {"type": "any_text"}
 
 def final_format(schema: dict[str, Any]) -> dict[str, Any]:
     """The final answer is ``schema``'s JSON; everything before the final channel is free."""
+    answer = _json(schema)
     return {
         "type": "or",
         "elements": [
-            # the grammar starts at the final answer (vLLM's gpt-oss reasoning gate)
-            _seq(_json(schema), ANY_TEXT),
-            # the grammar sees the whole output: free Harmony messages up to the final header
+            # the grammar starts at the final answer (vLLM 0.10.2-0.26's gpt-oss reasoning gate)
+            _seq(answer, ANY_TEXT),
+            # the grammar sees the whole output: free Harmony messages up to a final header
             _seq(
                 _const("<|channel|>"),
                 {
                     "type": "triggered_tags",
-                    "triggers": [FINAL_TRIGGER],
-                    "tags": [{"type": "tag", "begin": FINAL_TRIGGER, "content": _json(schema), "end": ""}],
+                    "triggers": [FINAL_TRIGGER, TYPED_FINAL_TRIGGER],
+                    "tags": [
+                        {"type": "tag", "begin": FINAL_TRIGGER, "content": answer, "end": ""},
+                        {"type": "tag", "begin": TYPED_FINAL_HEADER, "content": answer, "end": ""},
+                    ],
                     "at_least_one": False,
                     "stop_after_first": True,
                 },
@@ -89,7 +95,8 @@ def final_format(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def tool_call_format(namespace: str, names: list[str]) -> dict[str, Any]:
-    """The output reaches a call to ``namespace.NAME`` (NAME in ``names``) with JSON arguments."""
+    """The output reaches a call to ``namespace.NAME`` (NAME in ``names``) with JSON arguments;
+    before it, analysis and commentary messages only (never a final answer)."""
     recipient = f" to={namespace}."
     calls = {
         "type": "or",
@@ -99,23 +106,21 @@ def tool_call_format(namespace: str, names: list[str]) -> dict[str, Any]:
             for end in CALL_HEADER_ENDS
         ],
     }
+    # after the first <|channel|>: its channel (not final), then any text without a final
+    # channel header, up to the first "to=NAMESPACE.": the call's
+    free = _seq(
+        {"type": "or", "elements": [_const("analysis"), _const("commentary")]},
+        {"type": "any_text", "excludes": NO_FINAL},
+    )
     before = {
         "type": "or",
         "elements": [
-            # free messages (analysis, preambles), up to the first "to=NAMESPACE.": the call's
-            {"type": "tag", "begin": "<|channel|>", "content": ANY_TEXT, "end": recipient},
+            {"type": "tag", "begin": "<|channel|>", "content": free, "end": recipient},
             # or the first message is the call, recipient first
             _const(recipient),
         ],
     }
-    return {
-        "type": "or",
-        "elements": [
-            _seq(before, calls),
-            # the grammar starts at a final answer (vLLM's gate): nothing can be forced there
-            _seq({"type": "regex", "pattern": ANSWER_START}, ANY_TEXT),
-        ],
-    }
+    return _seq(before, calls)
 
 
 def structural_tag(constraint: OutputConstraint | None) -> dict[str, Any] | None:
