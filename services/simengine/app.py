@@ -23,8 +23,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.common.harmony import harmony_encoding
 from services.simengine import sglang, vllm
+from services.simengine.kv_publisher import KvPublisher, start_kv_events
 from services.simengine.settings import Settings
-from services.simengine.state import Recorder, SimState
+from services.simengine.state import PrefixCache, Recorder, SimState
 
 log = logging.getLogger("chorus.simengine")
 
@@ -112,8 +113,13 @@ def build_app(settings: Settings, recorder: Recorder | None = None) -> ASGIApp:
             Route("/get_load", sglang.get_load, methods=["GET"]),
         ]
     app = Starlette(routes=routes)
-    app.state.sim = SimState(settings, recorder or Recorder(), harmony_encoding())
+    app.state.sim = SimState(settings, recorder or recorder_for(settings), harmony_encoding())
     return SimulatorHeader(app)
+
+
+def recorder_for(settings: Settings) -> Recorder:
+    """A recorder whose prefix cache is the size the settings give."""
+    return Recorder(prefix_cache=PrefixCache(settings.kv_cache_tokens, settings.kv_block_size))
 
 
 def _server(settings: Settings, app: ASGIApp) -> uvicorn.Server:
@@ -130,13 +136,24 @@ def _server(settings: Settings, app: ASGIApp) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
-async def _serve_until(server: uvicorn.Server, sock: socket.socket | None, stop: asyncio.Event) -> None:
-    async with asyncio.TaskGroup() as tg:
-        serving = tg.create_task(server.serve(sockets=[sock] if sock else None))
-        stopping = tg.create_task(stop.wait())
-        await asyncio.wait((serving, stopping), return_when=asyncio.FIRST_COMPLETED)
-        server.should_exit = True
-        stopping.cancel()
+async def _serve_until(
+    server: uvicorn.Server, sock: socket.socket | None, stop: asyncio.Event, events: KvPublisher | None = None
+) -> None:
+    """Serve (and publish KV cache events, with ``events``) until ``stop``."""
+    try:
+        async with asyncio.TaskGroup() as tg:
+            serving = tg.create_task(server.serve(sockets=[sock] if sock else None))
+            stopping = tg.create_task(stop.wait())
+            if events is not None:
+                tg.create_task(events.serve())
+            await asyncio.wait((serving, stopping), return_when=asyncio.FIRST_COMPLETED)
+            server.should_exit = True
+            stopping.cancel()
+            if events is not None:
+                events.close()  # its serve() returns
+    finally:
+        if events is not None:
+            events.close()  # (again, harmless) when serving failed
 
 
 async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
@@ -148,8 +165,10 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
         settings.protocol,
         " (SGLang incremental streaming)" if settings.sglang_incremental else "",
     )
-    server = _server(settings, build_app(settings))
-    await _serve_until(server, None, stop or asyncio.Event())
+    recorder = recorder_for(settings)
+    events = start_kv_events(settings, recorder.prefix_cache)
+    server = _server(settings, build_app(settings, recorder))
+    await _serve_until(server, None, stop or asyncio.Event(), events)
 
 
 @dataclass
@@ -157,6 +176,8 @@ class RunningSim:
     url: str
     recorder: Recorder
     settings: Settings
+    kv_events: str | None = None  # the bound endpoints of its KV event publisher, if any
+    kv_replay: str | None = None
 
 
 @contextlib.asynccontextmanager
@@ -169,14 +190,21 @@ async def serving(settings: Settings | None = None) -> AsyncIterator[RunningSim]
     sock.listen(1024)
     port = sock.getsockname()[1]
     settings = settings.model_copy(update={"port": port})
-    recorder = Recorder()
+    recorder = recorder_for(settings)
+    events = start_kv_events(settings, recorder.prefix_cache)
     server = _server(settings, build_app(settings, recorder))
     stop = asyncio.Event()
     # a task awaited on exit rather than a TaskGroup: test fixtures may enter and leave this
     # context from different tasks, which a TaskGroup forbids
-    task = asyncio.create_task(_serve_until(server, sock, stop))
+    task = asyncio.create_task(_serve_until(server, sock, stop, events))
     try:
-        yield RunningSim(f"http://{settings.host}:{port}", recorder, settings)
+        yield RunningSim(
+            f"http://{settings.host}:{port}",
+            recorder,
+            settings,
+            events.endpoint if events is not None else None,
+            events.replay_endpoint if events is not None else None,
+        )
     finally:
         stop.set()
         await task

@@ -98,6 +98,7 @@ class Generation:
         total = min(len(ids), max(0, self.error_after or 0)) if failing else len(ids)
         if self.settings.prefill_delay_ms > 0:
             await asyncio.sleep(self.settings.prefill_delay_ms / 1000)
+        await self._prefill()
         self.recorder.running += 1
         try:
             sent = 0
@@ -116,6 +117,17 @@ class Generation:
                 yield Piece([], sent, True, error=f"simulated engine failure after {sent} tokens")
         finally:
             self.recorder.running -= 1
+
+    async def _prefill(self) -> None:
+        """The prompt tokens its prefix cache did not hold cost ``prefill_us_per_token`` each,
+        one prefill at a time (the next request's prefill waits for this one)."""
+        uncached = self.prompt_tokens - self.cached_tokens
+        cost = self.settings.prefill_us_per_token
+        if cost <= 0 or uncached <= 0:
+            return
+        async with self.recorder.prefill_lock:
+            if not self.record.aborted:
+                await asyncio.sleep(uncached * cost / 1_000_000)
 
     async def _pause(self) -> None:
         """The pause between chunks; wakes early on an abort. Zero delay still yields to the

@@ -20,7 +20,6 @@ from services.simengine.tagcheck import GrammarError, check_schema, checker
 __all__ = ["GrammarError", "check_schema", "check_structural_tag", "legacy_format"]
 
 
-
 def check_structural_tag(text: str) -> dict[str, Any]:
     """The parsed tag; ``GrammarError`` when xgrammar would not compile it."""
     try:
@@ -64,4 +63,3 @@ def _check_legacy(tag: dict[str, Any]) -> None:
         if not any(s["begin"].startswith(t) for t in triggers if isinstance(t, str)):
             raise GrammarError("Each structure's begin must start with a trigger")
         check_schema(s.get("schema"))
-

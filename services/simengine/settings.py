@@ -24,6 +24,12 @@ class Settings(BaseSettings):
     token_delay_ms: float = Field(default=0.0, description="Delay per output token (ms); benchmarks run at zero.")
     tokens_per_chunk: int = Field(default=1, description="Output tokens per streamed chunk.")
     prefill_delay_ms: float = Field(default=0.0, description="Delay before the first token (ms).")
+    prefill_us_per_token: float = Field(
+        default=0.0,
+        ge=0,
+        description="Prefill cost per prompt token not found in its prefix cache (microseconds); "
+        "prefills then run one at a time, as on one GPU. 0: free.",
+    )
     served_model_name: str = Field(default="openai/gpt-oss-20b", description="The model name it reports (/v1/models).")
     max_model_len: int = Field(default=131072, description="The context length it enforces, as the real engines do.")
     vocab_size: int = Field(default=201088, description="Token ids at or above this are refused.")

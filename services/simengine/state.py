@@ -160,12 +160,13 @@ class Recorder:
     """Requests seen, newest last (bounded), with an ``asyncio.Event`` per request so in-process
     tests can await "request X aborted" / "finished" without polling."""
 
-    def __init__(self, keep: int = 2000) -> None:
+    def __init__(self, keep: int = 2000, prefix_cache: PrefixCache | None = None) -> None:
         self.records: deque[RequestRecord] = deque(maxlen=keep)
         self._latest: dict[str, RequestRecord] = {}
         self._arrived: dict[str, asyncio.Event] = {}
         self.running = 0
-        self.prefix_cache = PrefixCache()
+        self.prefix_cache = prefix_cache or PrefixCache()
+        self.prefill_lock = asyncio.Lock()  # one prefill at a time (with a prefill cost set)
 
     def add(self, record: RequestRecord) -> RequestRecord:
         if len(self.records) == self.records.maxlen:

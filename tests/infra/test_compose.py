@@ -53,6 +53,8 @@ COMPOSE_DEFAULTS = {
     "liveness_file",
     "nats_user",
     "nats_password",
+    "kv_events_endpoint",  # the simulator publishes its KV events to the workers in compose
+    "kv_events_replay_endpoint",
 }
 
 

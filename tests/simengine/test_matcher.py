@@ -181,9 +181,11 @@ def test_json_completes_from_any_prefix(schema: Any, text: str) -> None:
 
 def test_chorus_tags_complete_the_way_an_engine_would_let_them() -> None:
     tool = compile_format(tool_call_format("functions", ["get_weather"])).start()
-    answer = tool.feed("<|channel|>final<|message|>You said: Hello there")
-    assert answer is not None and not answer.can_end()  # a final answer cannot end: a call is due
-    assert answer.completion() == " to=functions.get_weather json<|message|>{}"
+    assert tool.feed("<|channel|>final") is None  # no final answer before a required call
+    assert tool.feed("<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final") is None
+    thinking = tool.feed("<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>")
+    assert thinking is not None and not thinking.can_end()  # a call is due
+    assert thinking.completion() == " to=functions.get_weather json<|message|>{}"
     final = (
         compile_format(final_format(SCHEMA)).start().feed("<|channel|>analysis<|message|>x<|end|><|start|>assistant")
     )
@@ -192,17 +194,17 @@ def test_chorus_tags_complete_the_way_an_engine_would_let_them() -> None:
     assert final.feed("<|channel|>final<|message|>Hello") is None  # JSON is due
 
 
-def test_todays_final_schema_tag_lets_a_typed_final_header_escape() -> None:
-    """A HOLE in services/dispatcher/engines/constraints.py ``final_format`` where the grammar
-    starts at the first token (SGLang, vLLM 0.27+): its trigger is ``final<|message|>``, so a
-    final header with a content type (gpt-oss writes ``<|channel|>final <|constrain|>json<|message|>``,
-    see vLLM PR #28000) is free text, and so is the answer after it."""
+def test_the_final_schema_tag_holds_after_a_typed_final_header() -> None:
+    """gpt-oss also writes the final header with a content type
+    (``<|channel|>final <|constrain|>json<|message|>``, vLLM PR #28000): the JSON is due there too
+    (the tag had only the plain header's trigger until 2026-11-28)."""
     final = compile_format(final_format(SCHEMA)).start()
     typed = final.feed(
         "<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final <|constrain|>json<|message|>"
     )
     assert typed is not None
-    answer = typed.feed("Hello, no JSON here")
+    assert typed.feed("Hello, no JSON here") is None
+    answer = typed.feed(typed.completion() or "")
     assert answer is not None and answer.can_end()
 
 
