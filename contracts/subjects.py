@@ -34,6 +34,11 @@ class Subjects:
         return f"{self.namespace}.encoder.jobs.{encoder}"
 
     @property
+    def encoder_count(self) -> str:
+        """CountRequest -> TokenCount, gateway -> any encoder (queue group)."""
+        return f"{self.namespace}.encoder.count"
+
+    @property
     def generate(self) -> str:
         """GenerateRequest, encoder -> dispatcher (queue group)."""
         return f"{self.namespace}.dispatcher.generate"

@@ -62,3 +62,16 @@ class EncodeRequest(Contract):
     # "auto": a conversation longer than the context loses its oldest messages (Responses'
     # truncation); "disabled": it is refused (context_length_exceeded)
     truncation: Literal["disabled", "auto"] = "disabled"
+
+
+class CountRequest(Contract):
+    """gateway -> any encoder: how many prompt tokens ``encode`` renders to (the Messages API's
+    ``count_tokens``); answered with a ``TokenCount`` or a ``BusError``."""
+
+    kind: Literal["count"] = "count"
+    encode: EncodeRequest
+
+
+class TokenCount(Contract):
+    kind: Literal["token_count"] = "token_count"
+    tokens: int

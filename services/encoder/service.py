@@ -22,7 +22,7 @@ from opentelemetry.trace import Span, SpanKind
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.control import Cancel
 from contracts.messages.encode import EncodeRequest
-from contracts.messages.generate import EventFrame, GenerateJob, GenerateRequest, GenerationFailed
+from contracts.messages.generate import EventFrame, GenerateJob, GenerateRequest, GenerationFailed, ParseSpec, Route
 from services.common import telemetry
 from services.common.bus import Bus
 from services.common.errors import ChorusError
@@ -36,6 +36,7 @@ from services.encoder.settings import Settings
 log = logging.getLogger("chorus.encoder")
 
 RECENT_CANCELS = 4096
+COUNT_TIMEOUT_S = 30.0  # a token count renders the prompt, nothing more
 
 
 @functools.cache
@@ -232,6 +233,18 @@ class Encoder:
             await self.forward(request)
         except ChorusError as exc:
             await self._fail(job, exc.error, span)
+
+    async def count(self, encode: EncodeRequest) -> int:
+        """The prompt tokens ``encode`` renders to (``RenderError`` for a caller's mistake)."""
+        pooled = self._pool is not None and prompt_chars(encode) >= self.settings.inline_render_chars
+        job = GenerateJob(
+            generation_id="count",
+            encode=encode,
+            parse=ParseSpec(request_id="count"),
+            route=Route(gateway="", parser=""),
+            deadline=time.time() + COUNT_TIMEOUT_S,
+        )
+        return len((await self._render(job, pooled)).token_ids)
 
     async def publish(self, request: GenerateRequest) -> None:
         """``request`` to the dispatchers over the bus."""

@@ -32,7 +32,10 @@ from services.gateway.chat.routes import router as chat_router
 from services.gateway.context import GatewayContext, get_ctx
 from services.gateway.errors import STORAGE_DOWN, public
 from services.gateway.generation import Generations
-from services.gateway.http import Edge
+from services.gateway.http import ANTHROPIC_PATHS, Edge
+from services.gateway.messages import response as anthropic
+from services.gateway.messages.routes import create_message
+from services.gateway.messages.routes import router as messages_router
 from services.gateway.responses import routes as responses
 from services.gateway.sealing import Sealer
 from services.gateway.settings import Settings
@@ -45,12 +48,17 @@ REQUIRED_SERVICES = SERVICES
 WATCHED = SERVICES  # the heartbeats the gateway listens to
 
 
-def _error(request: Request, error: BusError) -> JSONResponse:
-    """An OpenAI-shaped error; the reason also goes into the request's log line."""
+def _error(request: Request, error: BusError, status: int | None = None) -> JSONResponse:
+    """An error as the API asked shapes it (OpenAI's, or Anthropic's under /v1/messages); the
+    reason also goes into the request's log line."""
     notes = getattr(request.state, "notes", None)
     if isinstance(notes, dict):
         notes["reason"] = error.message[:200]
-    return JSONResponse(error.openai_body(), status_code=error.code.http_status)
+    if request.url.path.startswith(ANTHROPIC_PATHS):
+        return JSONResponse(
+            anthropic.error_body(error.code, error.message), status_code=anthropic.status_of(error.code)
+        )
+    return JSONResponse(error.openai_body(), status_code=status or error.code.http_status)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -84,11 +92,7 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {404: ErrorCode.NOT_FOUND, 405: ErrorCode.INVALID_REQUEST}.get(
             exc.status_code, ErrorCode.INVALID_REQUEST
         )
-        error = BusError(code=code, message=str(exc.detail))
-        notes = getattr(request.state, "notes", None)
-        if isinstance(notes, dict):
-            notes["reason"] = error.message
-        return JSONResponse(error.openai_body(), status_code=exc.status_code)
+        return _error(request, BusError(code=code, message=str(exc.detail)), exc.status_code)
 
 
 def endpoint_app(app: FastAPI, endpoint: Callable[[Request], Awaitable[Response]]) -> ASGIApp:
@@ -152,6 +156,7 @@ def build_app(settings: Settings) -> FastAPI:
     direct = {
         "/v1/chat/completions": endpoint_app(app, chat_completions),
         "/v1/responses": endpoint_app(app, responses.create_response),
+        "/v1/messages": endpoint_app(app, create_message),
     }
 
     def simulated() -> bool:
@@ -163,6 +168,7 @@ def build_app(settings: Settings) -> FastAPI:
     )
     app.include_router(chat_router)
     app.include_router(responses.router)
+    app.include_router(messages_router)
     app.include_router(conversations.router)
 
     @app.get("/health")

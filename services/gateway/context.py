@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,17 @@ class GatewayContext:
     def store_for(self, request: Request) -> ResponseStore:
         """The store as the caller's API key sees it (all of it without keys)."""
         return self.store.scoped(getattr(request.state, "tenant", None))
+
+    def served_model(self, model: str) -> str:
+        """The served model ``model`` names: itself, or the one an alias maps it to
+        (``model_aliases``); a 404 otherwise."""
+        if model in self.settings.models:
+            return model
+        for pattern, target in self.settings.model_aliases.items():
+            if fnmatch.fnmatchcase(model, pattern):
+                return target or self.settings.models[0]
+        self.check_model(model)
+        return model
 
     def check_model(self, model: str) -> None:
         if model not in self.settings.models:

@@ -29,6 +29,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from contracts.errors import BusError, ErrorCode
+from services.gateway.messages import response as anthropic
 
 log = logging.getLogger("chorus.gateway.access")
 
@@ -40,6 +41,15 @@ class BodyTooLarge(Exception):
     pass
 
 
+def _given_key(headers: dict[str, str]) -> str:
+    """The caller's key: ``Authorization: Bearer KEY`` (OpenAI's clients), else ``x-api-key``
+    (Anthropic's); one key, one tenant, whichever way it came."""
+    given = headers.get("authorization", "")
+    if given[:7].lower() == "bearer ":
+        return given[7:].strip()
+    return headers.get("x-api-key", "").strip()
+
+
 def key_id(key: str) -> str:
     """The tenant a key stands for: a hash, never the key itself."""
     return hashlib.sha256(key.encode()).hexdigest()[:24]
@@ -47,6 +57,16 @@ def key_id(key: str) -> str:
 
 def error_body(code: ErrorCode, message: str, param: str | None = None) -> bytes:
     return orjson.dumps(BusError(code=code, message=message, param=param).openai_body())
+
+
+ANTHROPIC_PATHS = "/v1/messages"  # Anthropic's Messages API: its own error shapes and statuses
+
+
+def edge_error(path: str, status: int, code: ErrorCode, message: str) -> tuple[int, bytes]:
+    """A refusal at the edge as the API at ``path`` shapes it: (status, body)."""
+    if path.startswith(ANTHROPIC_PATHS):
+        return anthropic.status_of(code), orjson.dumps(anthropic.error_body(code, message))
+    return status, error_body(code, message)
 
 
 class Edge:
@@ -101,7 +121,7 @@ class Edge:
             if rejection is not None:
                 code, kind, message = rejection
                 notes["reason"] = message
-                await self._answer(send_with_id, code, error_body(kind, message))
+                await self._answer(send_with_id, *edge_error(scope.get("path", ""), code, kind, message))
                 return
             scope["state"]["tenant"] = self._tenant(headers)
             app = self.direct.get(scope["path"], self.app) if scope["method"] == "POST" else self.app
@@ -109,17 +129,21 @@ class Edge:
         except BodyTooLarge:
             notes["reason"] = "body too large"
             if not status["started"]:
+                too_large = f"The request body is larger than {self.max_body} bytes."
                 await self._answer(
-                    send_with_id,
-                    413,
-                    error_body(ErrorCode.REQUEST_TOO_LARGE, f"The request body is larger than {self.max_body} bytes."),
+                    send_with_id, *edge_error(scope.get("path", ""), 413, ErrorCode.REQUEST_TOO_LARGE, too_large)
                 )
         except Exception:  # the edge of last resort: never a bare 500 or a dropped connection
             log.exception("request %s failed", request_id)
             notes["reason"] = "internal error"
-            internal = error_body(ErrorCode.INTERNAL, "The server failed to answer this request; it has been logged.")
+            status_code, internal = edge_error(
+                scope.get("path", ""),
+                500,
+                ErrorCode.INTERNAL,
+                "The server failed to answer this request; it has been logged.",
+            )
             if not status["started"]:
-                await self._answer(send_with_id, 500, internal)
+                await self._answer(send_with_id, status_code, internal)
             elif not status["ended"]:  # a stream broke off: end it, so the connection stays usable
                 last = b"event: error\ndata: " + internal + b"\n\n" if status["sse"] else b""
                 with contextlib.suppress(Exception):  # the client may be gone
@@ -138,9 +162,8 @@ class Edge:
         await self.app(scope, receive, send)
 
     def _key_ok(self, headers: dict[str, str]) -> bool:
-        given = headers.get("authorization", "")
-        token = given[7:].strip().encode() if given[:7].lower() == "bearer " else b""
-        return any(hmac.compare_digest(token, key) for key in self.keys)
+        token = _given_key(headers).encode()
+        return bool(token) and any(hmac.compare_digest(token, key) for key in self.keys)
 
     def _check(self, scope: Scope, headers: dict[str, str]) -> tuple[int, ErrorCode, str] | None:
         path = scope.get("path", "")
@@ -148,7 +171,10 @@ class Edge:
             return (
                 401,
                 ErrorCode.INVALID_API_KEY,
-                ("Missing or invalid API key: send 'Authorization: Bearer <key>' with a key this server accepts."),
+                (
+                    "Missing or invalid API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>') "
+                    "with a key this server accepts."
+                ),
             )
         length = headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body:
@@ -167,8 +193,7 @@ class Edge:
     def _tenant(self, headers: dict[str, str]) -> str | None:
         if not self.keys:
             return None
-        given = headers.get("authorization", "")
-        return key_id(given[7:].strip())
+        return key_id(_given_key(headers))
 
     def _limited(self, receive: Receive) -> Callable[[], Awaitable[Message]]:
         seen = 0

@@ -15,6 +15,12 @@ class Settings(BusSettings):
         default_factory=lambda: ["openai/gpt-oss-20b"],
         description="Served model names (/v1/models); other names are a 404.",
     )
+    model_aliases: dict[str, str] = Field(
+        default_factory=lambda: {"claude-*": ""},
+        description="Other model names clients send, mapped to a served model: glob patterns to a "
+        "served name (empty: the first of models). By default the names Claude Code sends (its main "
+        "and background models, claude-*) reach the first served model instead of a 404.",
+    )
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("CHORUS_REDIS_URL", "REDIS_URL", "redis_url"),
