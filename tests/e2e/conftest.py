@@ -200,8 +200,13 @@ def _health(base_url: str) -> tuple[int, dict[str, Any]]:
 
 
 def start_sim_engine(
-    protocol: str, incremental: bool = False, log_dir: Path | None = None, port: int | None = None
+    protocol: str,
+    incremental: bool = False,
+    log_dir: Path | None = None,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[ManagedProcess, str]:
+    """A simulated engine as a process: (the process, its URL); ``env`` adds its settings."""
     port = port or free_port()
     env = {
         **os.environ,
@@ -209,6 +214,7 @@ def start_sim_engine(
         "CHORUS_SIM_PORT": str(port),
         "CHORUS_SIM_PROTOCOL": protocol,
         "CHORUS_SIM_SGLANG_INCREMENTAL": "true" if incremental else "false",
+        **(env or {}),
     }
     proc = ManagedProcess("sim-engine", [sys.executable, "-m", "services.cli", "serve", "sim-engine"])
     out = open(log_dir / "sim-engine.log", "ab") if log_dir else subprocess.DEVNULL  # noqa: SIM115
