@@ -26,16 +26,17 @@ from contracts.subjects import SERVICES
 from services.common.errors import ChorusError
 from services.common.logs import setup_logging
 from services.common.runtime import Runtime
-from services.gateway import conversations, stack_metrics
+from services.gateway import stack_metrics
 from services.gateway.chat.routes import chat_completions
 from services.gateway.chat.routes import router as chat_router
 from services.gateway.context import GatewayContext, get_ctx
+from services.gateway.edge import ANTHROPIC_PATHS, Edge
 from services.gateway.errors import STORAGE_DOWN, public
 from services.gateway.generation import Generations
-from services.gateway.http import ANTHROPIC_PATHS, Edge
 from services.gateway.messages import response as anthropic
 from services.gateway.messages.routes import create_message
 from services.gateway.messages.routes import router as messages_router
+from services.gateway.responses import conversations
 from services.gateway.responses import routes as responses
 from services.gateway.sealing import Sealer
 from services.gateway.settings import Settings
@@ -63,7 +64,7 @@ def _error(request: Request, error: BusError, status: int | None = None) -> JSON
 
 def install_error_handlers(app: FastAPI) -> None:
     """Errors with a known cause become their status; anything else is answered by the edge
-    (services/gateway/http.py) without internals and without closing the connection."""
+    (services/gateway/edge.py) without internals and without closing the connection."""
 
     @app.exception_handler(ChorusError)
     async def _chorus_error(request: Request, exc: ChorusError) -> JSONResponse:

@@ -23,7 +23,7 @@ from opentelemetry.trace import Span, SpanKind
 
 from contracts.messages.parse import Usage
 from services.common import metrics, telemetry
-from services.gateway.http import access_line
+from services.gateway.edge import access_line
 
 
 @dataclass

@@ -350,5 +350,6 @@ def test_a_forced_tool_call_is_a_call_even_where_the_model_would_answer(any_stac
     )
     choice_0 = answer.choices[0]
     assert choice_0.finish_reason == "tool_calls", choice_0
-    assert choice_0.message.tool_calls and choice_0.message.tool_calls[0].function.name == "get_weather"
+    (call,) = choice_0.message.tool_calls or []
+    assert call.type == "function" and call.function.name == "get_weather"
     assert "to=functions" not in (choice_0.message.content or "")

@@ -14,8 +14,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from contracts.errors import ErrorCode
 from services.gateway.app import endpoint_app, install_error_handlers
+from services.gateway.edge import Edge
 from services.gateway.errors import invalid
-from services.gateway.http import Edge
 
 
 class Layers:

@@ -17,12 +17,12 @@ from services.common.errors import ChorusError
 from services.gateway.chat.items import response_format_of
 from services.gateway.chat.request import ChatRequest
 from services.gateway.context import GatewayContext
-from services.gateway.http import Edge
+from services.gateway.edge import Edge
 from services.gateway.responses.request import ResponsesRequest
 from services.gateway.responses.routes import replay
-from services.gateway.schemas import schema_problem
 from services.gateway.store import ResponseStore, StoredResponse
 from services.gateway.structured import check
+from services.gateway.structured.schemas import schema_problem
 
 # -- response formats whose references a validator could not follow --------------------------
 # (found: {"$dynamicRef": "#x"} answered 500 on Chat and broke a streamed response's connection;

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from services.gateway.schemas import schema_problem
+from services.gateway.structured.schemas import schema_problem
 
 OBJ = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
 

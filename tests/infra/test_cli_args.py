@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.infra.test_cli import _env
+from tests.infra.cli_process import _env
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from services.common.infra import free_port
-from tests.infra.test_cli import ROOT, Chorus
+from tests.infra.cli_process import ROOT, Chorus
 
 pytestmark = pytest.mark.slow
 

@@ -148,7 +148,9 @@ class Router:
         for note in snapshot.in_flight:
             self.flights[note.generation_id] = Flight(note)
         log.info(
-            "routing view caught up from a peer: %d blocks, %d generations in flight", len(self.index), len(self.flights)
+            "routing view caught up from a peer: %d blocks, %d generations in flight",
+            len(self.index),
+            len(self.flights),
         )
 
     async def _answer_snapshot(self, msg: Any) -> None:
@@ -158,9 +160,7 @@ class Router:
             if SnapshotRequest.model_validate_json(msg.data).dispatcher == self.instance:
                 return
         snapshot = RoutingSnapshot(
-            index=self.index.snapshot(),
-            kv_seq=dict(self.kv_seq),
-            in_flight=[f.note for f in self.flights.values()],
+            index=self.index.snapshot(), kv_seq=dict(self.kv_seq), in_flight=[f.note for f in self.flights.values()]
         )
         with contextlib.suppress(Exception):
             await self._bus.publish(msg.reply, snapshot)

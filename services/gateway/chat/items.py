@@ -25,7 +25,7 @@ from services.gateway.chat.request import (
     ResponseFormatJsonSchema,
 )
 from services.gateway.errors import invalid
-from services.gateway.schemas import schema_problem
+from services.gateway.structured import schema_problem
 
 
 def _text(message: ChatMessage, index: int) -> str:

@@ -1,6 +1,6 @@
 """``POST /v1/chat/completions``: the request, typed with our own models (OpenAI's are
 TypedDicts). Every field OpenAI accepts is declared: harmless ones are accepted, ones Chorus
-cannot honour are a 400 naming them (see services/gateway/edge.py)."""
+cannot honour are a 400 naming them (see services/gateway/request_base.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from services.gateway.edge import ApiRequest, Lenient, Strict, unsupported
 from services.gateway.errors import invalid
+from services.gateway.request_base import ApiRequest, Lenient, Strict, unsupported
 
 Text = Annotated[str, Field(max_length=4_000_000)]
 

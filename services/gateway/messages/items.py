@@ -44,7 +44,7 @@ from services.gateway.messages.request import (
     effort_of,
 )
 from services.gateway.messages.response import RAW, input_json
-from services.gateway.schemas import schema_problem
+from services.gateway.structured import schema_problem
 
 # (sealed text, the param it came in) -> the text; a 400 naming the param when it is not ours
 Unseal = Callable[[str, str], str]

@@ -26,8 +26,8 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from services.gateway.edge import ApiRequest, Lenient
 from services.gateway.errors import invalid
+from services.gateway.request_base import ApiRequest, Lenient
 from services.gateway.validation import param_of, parse_json, problem
 
 Text = Annotated[str, Field(max_length=4_000_000)]

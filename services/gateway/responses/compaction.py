@@ -23,10 +23,10 @@ from contracts.messages.parse import Failed, Finished, ItemDone, Usage
 from services.common.errors import ChorusError, model_behavior
 from services.common.tokens import conversation_chars
 from services.gateway.context import GatewayContext
-from services.gateway.edge import ApiRequest
 from services.gateway.errors import invalid
 from services.gateway.generation import Generation, GenerationSpec
-from services.gateway.responses.context import load_context, referenced
+from services.gateway.request_base import ApiRequest
+from services.gateway.responses.history import load_context, referenced
 from services.gateway.responses.items import Unseal, input_item, input_items, new_id, output_item
 from services.gateway.responses.request import InputItem, ReasoningParam, Text
 from services.gateway.responses.response import usage_of

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from contracts.messages.items import ConversationItem
 from services.gateway.context import GatewayContext
 from services.gateway.errors import invalid
-from services.gateway.responses.context import load_context, referenced
+from services.gateway.responses.history import load_context, referenced
 from services.gateway.responses.items import Unseal, input_items, new_id
 from services.gateway.responses.request import ResponsesRequest
 from services.gateway.store import ResponseStore

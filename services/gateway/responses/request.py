@@ -8,9 +8,9 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Discriminator, Field, Tag, model_validator
 
-from services.gateway.edge import ApiRequest, Lenient, Strict, unsupported
 from services.gateway.errors import invalid
-from services.gateway.schemas import schema_problem
+from services.gateway.request_base import ApiRequest, Lenient, Strict, unsupported
+from services.gateway.structured import schema_problem
 
 NAME = r"^[A-Za-z0-9_.\-]+$"
 Text = Annotated[str, Field(max_length=4_000_000)]

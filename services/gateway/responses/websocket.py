@@ -26,8 +26,8 @@ from contracts.errors import BusError, ErrorCode
 from contracts.messages.items import ConversationItem
 from services.common.errors import ChorusError
 from services.gateway.context import GatewayContext
+from services.gateway.edge import access_line
 from services.gateway.errors import STORAGE_DOWN, public
-from services.gateway.http import access_line
 from services.gateway.responses.persist import dump, finish
 from services.gateway.responses.prepare import prepare
 from services.gateway.responses.request import ResponsesRequest

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any, TypeGuard
 from urllib.parse import unquote
 
-from services.gateway.structured import schema_error
+from services.gateway.structured.outputs import schema_error
 
 Path = tuple[str | int, ...]
 

@@ -10,9 +10,9 @@ from pydantic import Field
 
 from contracts.messages.items import ConversationItem
 from services.gateway.context import get_ctx
-from services.gateway.edge import ApiRequest
 from services.gateway.errors import not_found
 from services.gateway.listing import page
+from services.gateway.request_base import ApiRequest
 from services.gateway.responses.items import input_item, input_items, new_id
 from services.gateway.responses.request import InputItem
 from services.gateway.store import ResponseStore
