@@ -209,3 +209,90 @@ def show_logs(log_dir: Path, lines: int = 15) -> None:
             if tail:
                 print(f"--- {log.name} (last {len(tail)} lines)", file=sys.stderr)
                 print("\n".join(tail), file=sys.stderr)
+
+
+@dataclass(frozen=True)
+class SimEngine:
+    """Where one simulated engine of a ``Fleet`` answers, and publishes its KV cache events."""
+
+    url: str
+    kv_events: str
+    kv_replay: str
+
+
+def wait_ok(url: str, procs: dict[str, subprocess.Popen[bytes]], timeout: float, log_dir: Path) -> None:
+    """Until ``url`` answers 200; ``RuntimeError`` if one of ``procs`` exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited during start-up (code {proc.returncode}); see {log_dir}")
+        with contextlib.suppress(Exception), urllib.request.urlopen(url, timeout=2) as r:
+            if r.status == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer 200 within {timeout:.0f} s; see {log_dir}")
+        time.sleep(0.2)
+
+
+@dataclass
+class Fleet(Stack):
+    """Several simulated engines (vLLM protocol), each publishing its KV cache events on ports of
+    its own (``start_engines``), and `chorus up` in front of them with the engine specs it is
+    given (``start_up``); ``stop`` as ``Stack``'s (`chorus up` is the last process started)."""
+
+    engines: list[SimEngine] = field(default_factory=list)
+
+    @property
+    def up(self) -> subprocess.Popen[bytes]:
+        return self.procs[-1]
+
+    def start_engines(self, count: int, settings: dict[str, str]) -> None:
+        """``count`` engines with the ``CHORUS_SIM_*`` ``settings`` (beside their addresses)."""
+        taken: set[int] = set()
+
+        def port() -> int:
+            while (p := free_port()) in taken:
+                pass
+            taken.add(p)
+            return p
+
+        cli = [sys.executable, "-m", "services.cli", "serve", "sim-engine"]
+        started: dict[str, subprocess.Popen[bytes]] = {}
+        for i in range(count):
+            http, events, replay = port(), port(), port()
+            engine = SimEngine(f"http://127.0.0.1:{http}", f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}")
+            env = {
+                **os.environ,
+                "CHORUS_SIM_HOST": "127.0.0.1",
+                "CHORUS_SIM_PORT": str(http),
+                "CHORUS_SIM_PROTOCOL": "vllm",
+                "CHORUS_SIM_LOG_LEVEL": "WARNING",
+                "CHORUS_SIM_KV_EVENTS_ENDPOINT": engine.kv_events,
+                "CHORUS_SIM_KV_EVENTS_REPLAY_ENDPOINT": engine.kv_replay,
+                **settings,
+            }
+            with open(self.log_dir / f"sim-{i}.log", "wb") as log:
+                proc = subprocess.Popen(cli, env=env, cwd=self.root, stdout=log, stderr=subprocess.STDOUT)
+            self.procs.append(proc)
+            self.engines.append(engine)
+            started[f"sim-engine {i}"] = proc
+        for engine in self.engines:
+            wait_ok(f"{engine.url}/health", started, 60.0, self.log_dir)
+
+    def start_up(self, engine_specs: list[str], up_args: list[str]) -> None:
+        """`chorus up` with one ``--engine`` per spec, and ``up_args``; returns once it is healthy."""
+        port = free_port()
+        self.base = f"http://127.0.0.1:{port}"
+        engines = [arg for spec in engine_specs for arg in ("--engine", spec)]
+        with open(self.log_dir / "up.out", "wb") as up_log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "services.cli", "up", "--port", str(port), *engines]
+                + ["--namespace", f"bench{port}", *up_args, "--log-dir", str(self.log_dir), "--log-level", "WARNING"],
+                cwd=self.root,
+                stdout=up_log,
+                stderr=subprocess.STDOUT,
+            )
+        self.procs.append(proc)
+        watched = {"chorus up": proc, **{f"sim-engine {i}": p for i, p in enumerate(self.procs[:-1])}}
+        wait_ok(f"{self.base}/health", watched, 90.0, self.log_dir)

@@ -27,6 +27,7 @@ class RouteNote(Contract):
     engine: str
     phase: Phase
     prefill_tokens: int = 0
+    context_tokens: int = 0  # the generation's prompt: what it holds on the engine while decoding
     block_size: int = 0
     blocks: list[int] = Field(default_factory=list)
 

@@ -65,10 +65,10 @@ class Settings(BusSettings):
         "round_robin: in turn; auto: cache_aware with more than one engine, else round_robin.",
     )
     decode_weight: float = Field(
-        default=64.0,
+        default=0.15,
         ge=0,
-        description="In cache_aware and least_load routing, what one running generation costs an engine, "
-        "in prompt tokens to prefill.",
+        description="In cache_aware and least_load routing, what one token of context held by a running "
+        "generation costs an engine, in prompt tokens to prefill (a long-context decode slows every step).",
     )
     kv_capacity_tokens: int = Field(
         default=1_048_576,

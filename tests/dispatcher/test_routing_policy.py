@@ -6,7 +6,7 @@ from collections import Counter
 
 from services.dispatcher.routing import EngineView, choose, least_load
 
-W = 100.0  # decode weight: one running generation weighs as 100 prefill tokens
+W = 0.5  # decode weight: a token held by a running generation weighs half a prefill token
 
 
 def test_cache_wins_when_load_is_equal() -> None:
@@ -16,10 +16,10 @@ def test_cache_wins_when_load_is_equal() -> None:
 
 
 def test_load_wins_when_the_queue_exceeds_the_saving() -> None:
-    engines = [EngineView("a", queued_prefill_tokens=1800), EngineView("b", running=2)]
+    engines = [EngineView("a", queued_prefill_tokens=1800), EngineView("b", running=2, running_tokens=400)]
     ranked = choose(2000, {"a": 1500}, engines, decode_weight=W)
     assert [(e, reason) for e, _, reason in ranked] == [("b", "load"), ("a", "load")]
-    assert ranked[0][1] == 2000 + 2 * W and ranked[1][1] == 500 + 1800
+    assert ranked[0][1] == 2000 + 400 * W and ranked[1][1] == 500 + 1800
     # a lighter queue and the cache wins again, because of the cache
     engines[0] = EngineView("a", queued_prefill_tokens=600)
     assert choose(2000, {"a": 1500}, engines, decode_weight=W)[0] == ("a", 1100.0, "cache")
@@ -49,14 +49,23 @@ def test_ties_are_spread_across_equal_engines() -> None:
     # deterministic for a given turn
     assert choose(100, {}, engines, decode_weight=W, turn=5) == choose(100, {}, engines, decode_weight=W, turn=5)
     # at equal cost, the engine running fewer generations first
-    busy = [EngineView("a", running=3), EngineView("b", running=1, queued_prefill_tokens=200)]
+    busy = [EngineView("a", running=3, running_tokens=400), EngineView("b", running=1, queued_prefill_tokens=200)]
     assert [e for e, _, _ in choose(100, {}, busy, decode_weight=W)] == ["b", "a"]
     assert [e for e, _, _ in least_load(busy, decode_weight=W, turn=1)] == ["b", "a"]
 
 
 def test_least_load_ignores_prompts() -> None:
-    engines = [EngineView("a", running=4), EngineView("b", queued_prefill_tokens=300)]
+    engines = [EngineView("a", running=4, running_tokens=800), EngineView("b", queued_prefill_tokens=300)]
     assert least_load(engines, decode_weight=W) == [("b", 300.0, "load"), ("a", 400.0, "load")]
+
+
+def test_an_idle_engine_takes_a_prompt_nobody_holds() -> None:
+    """Decodes weigh by the context they hold: a new long prompt goes to the idle engine even
+    though the busy one holds its shared system prompt."""
+    engines = [EngineView("busy", running=4, running_tokens=20_000), EngineView("idle")]
+    assert choose(5000, {"busy": 1400}, engines, decode_weight=0.15)[0][0] == "idle"
+    # the conversation's own history outweighs that load: it stays
+    assert choose(5000, {"busy": 4900}, engines, decode_weight=0.15)[0][0] == "busy"
 
 
 def test_a_shared_system_prompt_does_not_pull_everything_onto_one_engine() -> None:

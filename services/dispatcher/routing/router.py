@@ -23,6 +23,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from contracts.messages.generate import GenerateRequest
-from contracts.messages.routing import RouteNote, RoutingSnapshot, SnapshotRequest
+from contracts.messages.routing import Phase, RouteNote, RoutingSnapshot, SnapshotRequest
 from services.common.bus import Bus
 from services.common.errors import ChorusError
 from services.common.kv_events import EventBatch
@@ -57,6 +58,13 @@ class Flight:
 
     note: RouteNote
     since: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Load:
+    queued: int = 0  # prompt tokens sent and not prefilled yet
+    running: int = 0  # generations decoding
+    context: int = 0  # the prompt tokens of every generation on the engine
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,9 @@ class Router:
         self.subscribers: dict[str, KvSubscriber] = {}
         self._decisions: dict[str, Decision] = {}
         self._round_robin = RoundRobin()
-        self._turn = itertools.count()
+        # ties rotate from a point of this dispatcher's own: two dispatchers that both see equal
+        # engines do not both send their first request to the first engine
+        self._turn = itertools.count(random.randrange(1 << 16))
         self._bus: Bus | None = None
         self._outbox: asyncio.Queue[RouteNote] = asyncio.Queue()
         for engine in engines:
@@ -178,38 +188,45 @@ class Router:
                     self.index.reset(engine.url)
             chains = self.index.chains(tokens)
             cached = self.index.cached_tokens(chains)
-        queued, running = self.loads()
+        loads = self.loads()
         views = [
             EngineView(
                 id=e.url,
                 healthy=e.usable,
                 block_size=self.index.block_size(e.url),
-                queued_prefill_tokens=queued.get(e.url, 0),
-                running=running.get(e.url, 0),
+                queued_prefill_tokens=loads[e.url].queued if e.url in loads else 0,
+                running=loads[e.url].running if e.url in loads else 0,
+                running_tokens=loads[e.url].context if e.url in loads else 0,
             )
             for e in engines
         ]
         ranked = choose(len(tokens), cached, views, decode_weight=self.settings.decode_weight, turn=next(self._turn))
         if ranked:
-            self._decisions[request.generation_id] = Decision(len(tokens), chains, cached, ranked[0][0], ranked[0][2])
+            first = ranked[0][0]
+            self._decisions[request.generation_id] = Decision(len(tokens), chains, cached, first, ranked[0][2])
+            # counted against the engine now, not once it answers: the next request (the same
+            # burst) already sees it queued there; ``started`` moves it if another engine took it
+            self._tell(self._note(request, first, cached.get(first, 0), "prefill"))
         by_url = {e.url: e for e in engines}
         return [by_url[engine] for engine, _, _ in ranked]
 
-    def loads(self) -> tuple[dict[str, int], dict[str, int]]:
-        """Per engine: prompt tokens sent and not prefilled yet, and generations decoding."""
-        queued: dict[str, int] = {}
-        running: dict[str, int] = {}
+    def loads(self) -> dict[str, Load]:
+        """Per engine: prompt tokens sent and not prefilled yet, generations decoding and the
+        context they hold."""
+        loads: dict[str, Load] = {}
         now = time.monotonic()
         for gid, flight in list(self.flights.items()):
             if now - flight.since > FLIGHT_EXPIRY_S:
                 del self.flights[gid]
                 continue
             note = flight.note
+            load = loads.setdefault(note.engine, Load())
             if note.phase == "prefill":
-                queued[note.engine] = queued.get(note.engine, 0) + note.prefill_tokens
+                load.queued += note.prefill_tokens
             else:
-                running[note.engine] = running.get(note.engine, 0) + 1
-        return queued, running
+                load.running += 1
+            load.context += note.context_tokens
+        return loads
 
     def expected_cached(self, generation_id: str, engine: str) -> int:
         decision = self._decisions.get(generation_id)
@@ -219,25 +236,27 @@ class Router:
     def started(self, request: GenerateRequest, engine: Engine) -> None:
         """``engine`` took ``request``: it is prefilling what it does not hold."""
         decision = self._decisions.pop(request.generation_id, None)
-        tokens = len(request.prompt_token_ids) + len(request.resume_tokens)
         cached = decision.cached.get(engine.url, 0) if decision is not None else 0
         # the reason of the first choice; a later one (the first refused the connection) is load's
         first = decision is not None and decision.ranked_first == engine.url
         ROUTING_DECISIONS.labels(engine.url, decision.reason if first and decision else "load").inc()
-        block_size, blocks = self.index.block_size(engine.url), []
+        note = self._note(request, engine.url, cached, "prefill")
         if decision is not None and not self.index.fed_by_events(engine.url):
-            blocks = decision.chains.get(block_size, [])
+            blocks = decision.chains.get(note.block_size, [])
             self.index.record_sent(engine.url, blocks)
-        self._tell(
-            RouteNote(
-                dispatcher=self.instance,
-                generation_id=request.generation_id,
-                engine=engine.url,
-                phase="prefill",
-                prefill_tokens=max(0, tokens - cached),
-                block_size=block_size,
-                blocks=blocks,
-            )
+            note = note.model_copy(update={"blocks": blocks})
+        self._tell(note)
+
+    def _note(self, request: GenerateRequest, engine: str, cached: int, phase: Phase) -> RouteNote:
+        tokens = len(request.prompt_token_ids) + len(request.resume_tokens)
+        return RouteNote(
+            dispatcher=self.instance,
+            generation_id=request.generation_id,
+            engine=engine,
+            phase=phase,
+            prefill_tokens=max(0, tokens - cached),
+            context_tokens=tokens,
+            block_size=self.index.block_size(engine),
         )
 
     def decoding(self, request: GenerateRequest) -> None:
