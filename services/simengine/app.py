@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import socket
 import time
@@ -15,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import uvicorn
+from openai_harmony import HarmonyEncoding
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
@@ -73,10 +75,19 @@ async def models(request: Request) -> Response:
     )
 
 
+def prompt_text(encoding: HarmonyEncoding, ids: list[int]) -> str:
+    """The prompt as text, for the tests (a prompt the engine refused may hold ids no
+    tokenizer knows: then none)."""
+    try:
+        return str(encoding.decode(ids))
+    except Exception:  # noqa: BLE001 - openai_harmony raises its own error for unknown ids
+        return ""
+
+
 async def sim_requests(request: Request) -> Response:
     """What the engine saw, oldest first; ``?request_id=X`` keeps that request's records."""
     sim: SimState = request.app.state.sim
-    records = sim.recorder.list()
+    records = sim.recorder.list(functools.partial(prompt_text, sim.encoding))
     wanted = request.query_params.get("request_id")
     if wanted is not None:
         records = [r for r in records if r["request_id"] == wanted]

@@ -167,7 +167,6 @@ def prepare(
         script = plan(prompt, encoding)
     except Exception as exc:  # undecodable prompt
         raise SimRequestError(400, f"Invalid prompt: {exc}") from exc
-    record.prompt_text = script.prompt_text
     if script.directives.status is not None:
         status = script.directives.status
         raise StatusDirective(

@@ -91,7 +91,6 @@ class Call:
 
 @dataclass(frozen=True)
 class Script:
-    prompt_text: str
     output_ids: list[int]
     directives: Directives
     calls: tuple[Call, ...] = ()  # the script's tool first
@@ -262,9 +261,7 @@ def plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> Script:
         base = _plan(prompt_ids[:start], encoding)
         already = list(prompt_ids[start:])
         if base.output_ids[: len(already)] == already:
-            return Script(
-                encoding.decode(list(prompt_ids)), base.output_ids[len(already) :], base.directives, base.calls
-            )
+            return Script(base.output_ids[len(already) :], base.directives, base.calls)
     return _plan(prompt_ids, encoding)
 
 
@@ -310,12 +307,11 @@ def _assistant_id(encoding: HarmonyEncoding) -> int:
 
 
 def _plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> Script:
-    text = encoding.decode(list(prompt_ids))
     messages = parse_prompt(prompt_ids, encoding.decode)
     user_index, user_raw = _last_user(messages)
     said = read_directives(user_raw, content=user_index >= 0 and user_index == len(messages) - 1)
     if said.raw is not None:
-        return Script(text, encoding.encode(said.raw, allowed_special="all"), said)
+        return Script(encoding.encode(said.raw, allowed_special="all"), said)
     if said.tokens is not None:
         user = _quote(strip_directives(user_raw))
         head = encode_harmony(
@@ -324,13 +320,13 @@ def _plan(prompt_ids: Sequence[int], encoding: HarmonyEncoding) -> Script:
             f"A long answer is wanted.<|end|><|start|>assistant<|channel|>final<|message|>",
         )
         tail = encoding.encode("<|return|>", allowed_special="all")
-        return Script(text, [*head, *filler_ids(encoding, max(0, said.tokens)), *tail], said)
+        return Script([*head, *filler_ids(encoding, max(0, said.tokens)), *tail], said)
     developer = [m.content for m in messages if m.author == "developer"]
     tools = [t for text in developer for t in parse_tools(text)]
     prompted = next((s for text in developer if (s := parse_response_format(text)) is not None), None)
     body = compose(messages, tools, prompted)
     user = _quote(strip_directives(user_raw))
-    return Script(text, encode_harmony(encoding, body), said, calls(tools, user))
+    return Script(encode_harmony(encoding, body), said, calls(tools, user))
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,6 @@ published as an engine's are)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import struct
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +27,6 @@ class RequestRecord:
     prompt_token_ids: list[int]
     params: dict[str, Any]
     stream: bool
-    prompt_text: str = ""
     aborted: bool = False
     abort_requested: bool = False  # SGLang POST /abort_request arrived
     finished: bool = False
@@ -38,14 +35,16 @@ class RequestRecord:
     aborted_event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     done_event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
-    def public(self) -> dict[str, Any]:
+    def public(self, decode: Callable[[list[int]], str] | None = None) -> dict[str, Any]:
+        """The record as ``/sim/requests`` lists it; ``prompt_text`` decoded now (only the tests
+        read it: the engine does not decode every prompt it serves)."""
         return {
             "request_id": self.request_id,
             "rid": self.request_id if self.protocol == "sglang" else None,
             "protocol": self.protocol,
             "prompt_tokens": len(self.prompt_token_ids),
             "prompt_token_ids": self.prompt_token_ids,
-            "prompt_text": self.prompt_text,
+            "prompt_text": decode(self.prompt_token_ids) if decode is not None else "",
             "params": self.params,
             "stream": self.stream,
             "aborted": self.aborted,
@@ -146,14 +145,10 @@ class PrefixCache:
 
 
 def block_hash(parent: int | None, tokens: Sequence[int]) -> int:
-    """A block's chain hash, as vLLM's with int hashes: sha256 over the parent's hash and the
-    block's tokens, its last 8 bytes as an unsigned int (``maybe_convert_block_hash``)."""
-    head = b"" if parent is None else parent.to_bytes(8, "big")
-    try:
-        body = struct.pack(f">{len(tokens)}q", *tokens)
-    except struct.error:  # ids beyond 64 bits: the engine refuses them; still, a stable hash
-        body = repr(tuple(tokens)).encode()
-    return int.from_bytes(hashlib.sha256(head + body).digest()[-8:], "big")
+    """A block's chain hash: of its parent's hash and its tokens, an unsigned 64-bit int. Like
+    vLLM's (whose hashes are seeded per engine start, so nobody outside can compute them), it
+    names a whole prefix; Python's hash of int tuples is the same in every process."""
+    return hash((parent, tuple(tokens))) & 0xFFFF_FFFF_FFFF_FFFF
 
 
 class Recorder:
@@ -182,8 +177,8 @@ class Recorder:
     def get(self, request_id: str) -> RequestRecord | None:
         return self._latest.get(request_id)
 
-    def list(self) -> list[dict[str, Any]]:
-        return [r.public() for r in self.records]
+    def list(self, decode: Callable[[list[int]], str] | None = None) -> list[dict[str, Any]]:
+        return [r.public(decode) for r in self.records]
 
     async def wait_for(self, request_id: str, timeout: float = 5.0) -> RequestRecord:
         """The request once it has arrived (``TimeoutError`` after ``timeout``)."""
