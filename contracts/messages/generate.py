@@ -39,6 +39,7 @@ class SamplingParams(Contract):
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None  # (Anthropic's Messages API takes it; OpenAI's do not)
     presence_penalty: float | None = None  # [-2, 2], as vLLM and SGLang check it
     frequency_penalty: float | None = None  # [-2, 2]
     seed: int | None = None

@@ -44,6 +44,7 @@ class SamplingParams(BaseModel):
     stop: str | list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     skip_special_tokens: bool = True
@@ -119,6 +120,8 @@ def _verify(sp: SamplingParams) -> None:
         raise SimRequestError(400, f"temperature must be a non-negative finite number, got {sp.temperature}.")
     if sp.top_p is not None and not 0.0 < sp.top_p <= 1.0:
         raise SimRequestError(400, f"top_p must be in (0, 1], got {sp.top_p}.")
+    if sp.top_k is not None and sp.top_k < 1 and sp.top_k != -1:
+        raise SimRequestError(400, f"top_k must be -1 (disable), or at least 1, got {sp.top_k}.")
     for name in ("frequency_penalty", "presence_penalty"):
         value = getattr(sp, name)
         if value is not None and not -2.0 <= value <= 2.0:

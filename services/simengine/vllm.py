@@ -89,6 +89,7 @@ class CompletionBody(BaseModel):
     request_id: str | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     seed: int | None = None
@@ -137,6 +138,8 @@ def checks(body: CompletionBody, settings: Settings) -> Check:
             value = getattr(body, name)
             if value is not None and not -2.0 <= value <= 2.0:
                 raise _invalid(f"{name} must be in [-2, 2], got {value}.", name, value)
+        if body.top_k is not None and body.top_k < -1:  # -1 and 0 disable it
+            raise _invalid(f"top_k must be -1 (disable), or at least 1, got {body.top_k}.", "top_k", body.top_k)
         bad = max(prompt)
         if bad >= settings.vocab_size or min(prompt) < 0:
             raise _invalid(f"Token id {bad if bad >= settings.vocab_size else min(prompt)} is out of vocabulary")

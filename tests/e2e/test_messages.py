@@ -173,3 +173,11 @@ def test_x_api_key_is_a_key(keyed: RunningStack) -> None:
         model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "x"}]
     )
     assert message.content
+
+
+def test_top_k_reaches_the_engine(stack: RunningStack) -> None:
+    message = client(stack).messages.create(
+        model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "top k please"}], extra_body={"top_k": 40}
+    )
+    record = next(r for r in stack.engine_requests() if message.id in (r.get("request_id") or ""))
+    assert record["params"].get("top_k") == 40, record["params"]

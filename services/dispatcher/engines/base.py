@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from contracts.errors import BusError, ErrorCode
-from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest
+from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest, SamplingParams
 from services.dispatcher.engines.http import EngineHttp
 
 _CONTEXT_HINTS = (
@@ -77,6 +77,27 @@ def engine_prompt(req: GenerateRequest) -> list[int]:
     return [*req.prompt_token_ids, *req.resume_tokens]
 
 
+# the sampling fields every engine takes by the same meaning: our name -> the OpenAI / vLLM name
+SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "seed": "seed",
+}
+
+
+def sampling_fields(s: SamplingParams, renamed: dict[str, str] | None = None) -> dict[str, Any]:
+    """The request's sampling fields that are set, under the engine's names (``SAMPLING``,
+    with ``renamed`` where an engine differs: SGLang's ``sampling_seed``); ``stop`` when any."""
+    names = {**SAMPLING, **(renamed or {})}
+    out: dict[str, Any] = {names[field]: value for field in SAMPLING if (value := getattr(s, field)) is not None}
+    if s.stop:
+        out["stop"] = s.stop
+    return out
+
+
 def max_new_tokens(req: GenerateRequest) -> int | None:
     """The output budget left (``None``: as much as the context allows)."""
     limit = req.sampling.max_tokens
@@ -138,10 +159,3 @@ def error_message(payload: Any, default: str) -> str:
     if isinstance(payload, str) and payload.strip():
         return payload.strip()[:500]
     return default
-
-
-def usage_or_count(usage: EngineUsage | None, prompt_tokens: int, completion_tokens: int) -> EngineUsage:
-    """The engine's usage, or one counted here when the engine sent none."""
-    if usage is not None:
-        return usage
-    return EngineUsage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)

@@ -15,7 +15,7 @@ from typing import Any
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineUsage, GenerateRequest
 from services.common.harmony import CALL, RETURN, harmony_encoding
-from services.dispatcher.engines.base import EngineChunk, error_message
+from services.dispatcher.engines.base import EngineChunk, error_message, sampling_fields
 from services.dispatcher.engines.http import EngineHttp
 from services.dispatcher.textstream import Finish, TextToHarmonyTokens, prompt_messages
 
@@ -75,11 +75,7 @@ class OpenAITextAdapter:
         body: dict[str, Any] = {"model": req.model, "stream": True, "stream_options": {"include_usage": True}}
         if s.max_tokens is not None:
             body["max_tokens"] = s.max_tokens
-        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty", "seed"):
-            if getattr(s, name) is not None:
-                body[name] = getattr(s, name)
-        if s.stop:
-            body["stop"] = s.stop
+        body.update(sampling_fields(s))
         if self.chat:
             body["messages"] = prompt_messages(req.prompt_token_ids, enc)
             return "/v1/chat/completions", body

@@ -21,6 +21,7 @@ from services.dispatcher.engines.base import (
     engine_prompt,
     error_message,
     max_new_tokens,
+    sampling_fields,
     status_error,
     token_ids,
 )
@@ -33,7 +34,6 @@ Mode = Literal["auto", "cumulative", "incremental"]
 def generate_body(req: GenerateRequest, default_max_tokens: int | None = None) -> dict[str, Any]:
     """``default_max_tokens``: the budget when the client set none; ``None`` sends null, which
     SGLang's scheduler clips to the room left in the context (``init_req_max_new_tokens``)."""
-    s = req.sampling
     limit = max_new_tokens(req)
     sampling: dict[str, Any] = {
         # always sent, null included: absent means SGLang's default of 128 new tokens. A number
@@ -43,18 +43,7 @@ def generate_body(req: GenerateRequest, default_max_tokens: int | None = None) -
         "skip_special_tokens": False,
         "no_stop_trim": True,
     }
-    if s.temperature is not None:
-        sampling["temperature"] = s.temperature
-    if s.top_p is not None:
-        sampling["top_p"] = s.top_p
-    if s.presence_penalty is not None:
-        sampling["presence_penalty"] = s.presence_penalty
-    if s.frequency_penalty is not None:
-        sampling["frequency_penalty"] = s.frequency_penalty
-    if s.seed is not None:
-        sampling["sampling_seed"] = s.seed
-    if s.stop:
-        sampling["stop"] = s.stop
+    sampling.update(sampling_fields(req.sampling, {"seed": "sampling_seed"}))
     if (tag := sglang_structural_tag(req)) is not None:
         sampling["structural_tag"] = tag
     return {"input_ids": engine_prompt(req), "rid": req.generation_id, "stream": True, "sampling_params": sampling}

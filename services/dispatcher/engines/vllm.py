@@ -11,7 +11,7 @@ from typing import Any
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.generate import EngineFinishReason, EngineUsage, GenerateRequest
-from services.dispatcher.engines.base import EngineChunk, engine_prompt, max_new_tokens, token_ids
+from services.dispatcher.engines.base import EngineChunk, engine_prompt, max_new_tokens, sampling_fields, token_ids
 from services.dispatcher.engines.constraints import vllm_structured_outputs
 from services.dispatcher.engines.http import EngineHttp
 
@@ -21,7 +21,6 @@ EOS_IDS = frozenset({200002, 199999})
 
 
 def completion_body(req: GenerateRequest) -> dict[str, Any]:
-    s = req.sampling
     body: dict[str, Any] = {
         "model": req.model,
         "prompt": engine_prompt(req),
@@ -34,18 +33,7 @@ def completion_body(req: GenerateRequest) -> dict[str, Any]:
         "stop_token_ids": req.stop_token_ids,
         "request_id": req.generation_id,
     }
-    if s.temperature is not None:
-        body["temperature"] = s.temperature
-    if s.top_p is not None:
-        body["top_p"] = s.top_p
-    if s.presence_penalty is not None:
-        body["presence_penalty"] = s.presence_penalty
-    if s.frequency_penalty is not None:
-        body["frequency_penalty"] = s.frequency_penalty
-    if s.seed is not None:
-        body["seed"] = s.seed
-    if s.stop:
-        body["stop"] = s.stop
+    body.update(sampling_fields(req.sampling))
     if (structured := vllm_structured_outputs(req)) is not None:
         body["structured_outputs"] = structured
     return body

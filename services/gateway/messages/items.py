@@ -220,7 +220,7 @@ def to_encode_request(request: MessagesRequest, *, unseal: Unseal) -> EncodeRequ
 
 def to_sampling(request: MessagesRequest, default_max_tokens: int | None = None) -> SamplingParams:
     """The engine's sampling. ``max_tokens`` is required in this API, so ``default_max_tokens``
-    (the budget of requests that set none) never applies; ``top_k`` is not passed on."""
+    (the budget of requests that set none) never applies; ``top_k`` 0 means none, as -1 does."""
     choice = _tool_choice(request)
     named = choice.name if isinstance(choice, NamedToolChoice) else choice
     offered = [t.name for t in request.custom_tools]
@@ -228,6 +228,7 @@ def to_sampling(request: MessagesRequest, default_max_tokens: int | None = None)
         max_tokens=request.max_tokens or default_max_tokens,
         temperature=request.temperature,
         top_p=request.top_p,
+        top_k=request.top_k or None,
         stop=list(request.stop_sequences or []),
         constraint=structured.constraint(response_format_of(request), named, offered),
     )

@@ -271,7 +271,6 @@ class MessagesRequest(ApiRequest):
             "inference_geo",
             "speed",
             "diagnostics",
-            "top_k",  # not passed on: the engines' sampling contract has no top_k
         }
     )
 
