@@ -35,7 +35,15 @@ log = logging.getLogger("chorus")
 
 
 class Runtime:
-    def __init__(self, settings: BusSettings, service: str, bus: Bus, stop: asyncio.Event, peers: Peers) -> None:
+    def __init__(
+        self,
+        settings: BusSettings,
+        service: str,
+        bus: Bus,
+        stop: asyncio.Event,
+        peers: Peers,
+        roles: list[Runtime] | None = None,
+    ) -> None:
         self.settings = settings
         self.service = service
         self.bus = bus
@@ -56,7 +64,7 @@ class Runtime:
         )
         self.draining = False
         self.metrics_service = service  # the ``service`` label of this process's metrics
-        self.roles: list[Runtime] = []  # the roles sharing this process's connection (``start``)
+        self.roles: list[Runtime] = roles if roles is not None else []  # the roles sharing its connection
         # called after the NATS connection came back (messages may have been lost meanwhile)
         self.reconnect_callbacks: list[Callable[[], Awaitable[None]]] = []
 
@@ -102,8 +110,7 @@ class Runtime:
             )
         else:
             bus = Bus(nc, settings.subjects)
-        rt = cls(settings, service, bus, stop or asyncio.Event(), peers)
-        rt.roles = roles
+        rt = cls(settings, service, bus, stop or asyncio.Event(), peers, roles)
         roles.append(rt)
         try:
             if watch:

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -32,6 +31,7 @@ from contracts.messages.generate import (
     TokenFrame,
 )
 from services.common.bus import Bus, Outboxes
+from services.common.recent import Recent
 from services.dispatcher.batches import BatchWriter, merge, relay
 from services.dispatcher.engines.base import EngineFailure
 from services.dispatcher.engines.http import EngineHttp
@@ -43,7 +43,6 @@ from services.dispatcher.tracing import EngineSpan
 
 log = logging.getLogger("chorus.dispatcher")
 
-RECENT_CANCELS = 4096
 Ending = Literal["cancel", "orphaned", "shutdown"]
 
 
@@ -74,7 +73,7 @@ class Dispatcher:
         self.policy: SelectionPolicy = policy or self.router
         self.active: dict[str, Active] = {}
         self.health_checked = asyncio.Event()
-        self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._cancelled = Recent()  # generations cancelled lately
         self._stop = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -187,9 +186,7 @@ class Dispatcher:
         active.task.add_done_callback(lambda _: self._forget(active))
 
     async def on_cancel(self, msg: Cancel) -> None:
-        self._cancelled[msg.generation_id] = None
-        while len(self._cancelled) > RECENT_CANCELS:
-            self._cancelled.popitem(last=False)
+        self._cancelled.add(msg.generation_id)
         active = self.active.get(msg.generation_id)
         if active is not None:
             self._end(active, "cancel")

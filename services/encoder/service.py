@@ -14,7 +14,6 @@ import datetime as dt
 import functools
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
 from opentelemetry.trace import Span, SpanKind
@@ -28,6 +27,7 @@ from services.common.bus import Bus
 from services.common.errors import ChorusError
 from services.common.harmony import harmony_encoding
 from services.common.infra import worker_dies_with_parent
+from services.common.recent import Recent
 from services.common.tokens import conversation_chars
 from services.encoder.render import EncodedPrompt, RenderError
 from services.encoder.renderer import Renderer
@@ -35,7 +35,6 @@ from services.encoder.settings import Settings
 
 log = logging.getLogger("chorus.encoder")
 
-RECENT_CANCELS = 4096
 COUNT_TIMEOUT_S = 30.0  # a token count renders the prompt, nothing more
 
 
@@ -101,7 +100,7 @@ class Encoder:
         self.bus = bus
         self.forward: Forward = forward or self.publish
         self.in_flight = 0
-        self._cancelled: OrderedDict[str, None] = OrderedDict()
+        self._cancelled = Recent()  # generations cancelled lately
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._idle = asyncio.Event()
@@ -156,9 +155,7 @@ class Encoder:
         return self._pool is not None and prompt_chars(job.encode) >= self.settings.inline_render_chars
 
     async def on_cancel(self, msg: Cancel) -> None:
-        self._cancelled[msg.generation_id] = None
-        while len(self._cancelled) > RECENT_CANCELS:
-            self._cancelled.popitem(last=False)
+        self._cancelled.add(msg.generation_id)
 
     async def drain(self) -> None:
         await self._idle.wait()

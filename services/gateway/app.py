@@ -141,8 +141,10 @@ def build_app(settings: Settings) -> FastAPI:
             store = RedisResponseStore.from_url(
                 settings.redis_url, namespace=settings.namespace, ttl_s=settings.response_ttl_s
             )
-            ctx = GatewayContext(settings=settings, bus=rt.bus, peers=rt.peers, generations=generations, store=store)
-            ctx.sealer = await Sealer.from_settings(settings.sealing_keys, store.shared_secret)
+            sealer = await Sealer.from_settings(settings.sealing_keys, store.shared_secret)
+            ctx = GatewayContext(
+                settings=settings, bus=rt.bus, peers=rt.peers, generations=generations, store=store, sealer=sealer
+            )
             app.state.ctx = ctx
             app.state.background = background = await responses.startup(ctx)
             try:

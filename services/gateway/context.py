@@ -27,7 +27,7 @@ class GatewayContext:
     peers: Peers
     generations: Generations
     store: ResponseStore
-    sealer: Sealer | None = None
+    sealer: Sealer  # the server's key: encrypted reasoning, thinking signatures, compaction
 
     def simulated(self) -> bool:
         """Do this stack's engines include the simulator (its dispatchers say so)? Then every

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from pydantic import AliasChoices, Field, field_validator
@@ -15,16 +16,42 @@ class Settings(BusSettings):
         default_factory=lambda: ["openai/gpt-oss-20b"],
         description="Served model names (/v1/models); other names are a 404.",
     )
-    model_aliases: dict[str, str] = Field(
+    model_aliases: Annotated[dict[str, str], NoDecode] = Field(
         default_factory=lambda: {"claude-*": ""},
-        description="Other model names clients send, mapped to a served model: glob patterns to a "
-        "served name (empty: the first of models). By default the names Claude Code sends (its main "
-        "and background models, claude-*) reach the first served model instead of a 404.",
+        description="Other model names clients send, mapped to a served model: PATTERN=MODEL items, "
+        "comma-separated (glob patterns; an empty MODEL: the first of models), or a JSON object. By "
+        "default the names Claude Code sends (claude-*: its main and background models) reach the "
+        "first served model instead of a 404.",
     )
     redis_url: str = Field(
         default="redis://127.0.0.1:6379/0",
         validation_alias=AliasChoices("CHORUS_REDIS_URL", "REDIS_URL", "redis_url"),
         description="Redis holding Responses state (responses, conversations, background runs).",
+    )
+    redis_password: str | None = Field(
+        default=None,
+        description="Password of the Redis primary (and its replicas) when CHORUS_REDIS_URL carries none. "
+        "A Sentinel URL: redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE_NAME[/DB] "
+        "(rediss+sentinel:// over TLS).",
+    )
+    redis_sentinel_password: str | None = Field(
+        default=None, description="Password of the sentinels, if they require one (a redis+sentinel:// URL)."
+    )
+    redis_min_replicas: int | None = Field(
+        default=None,
+        description="A write (a stored response, its items, a conversation, a background run's "
+        "checkpoint) is acknowledged only once this many replicas have it (Redis WAIT); fewer in "
+        "time: storage unavailable (503). Unset: 1 with a redis+sentinel:// URL, else 0.",
+    )
+    redis_wait_ms: int = Field(
+        default=500, description="How long a write waits for CHORUS_REDIS_MIN_REPLICAS replicas (milliseconds)."
+    )
+    redis_failover_s: float | None = Field(
+        default=None,
+        description="An operation that finds Redis unreachable, demoted (READONLY) or without a "
+        "primary is retried with backoff for this long (a failover) before storage counts as "
+        "unavailable (seconds). Unset: 15 with a redis+sentinel:// URL, else 0 (redis-py's own "
+        "few quick retries).",
     )
     response_ttl_s: int = Field(
         default=30 * 24 * 3600, description="How long stored responses and conversations live (seconds)."
@@ -66,6 +93,16 @@ class Settings(BusSettings):
         default=False,
         description="Accept request fields OpenAI does not define (a client newer than this server) instead of a 400.",
     )
+
+    @field_validator("model_aliases", mode="before")
+    @classmethod
+    def _aliases(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("{"):
+                return json.loads(text)
+            return dict(item.strip().partition("=")[::2] for item in text.split(",") if item.strip())
+        return value
 
     @field_validator("sealing_keys", "api_keys", mode="before")
     @classmethod

@@ -13,17 +13,24 @@ namespace, all expiring after the configured TTL):
   {ns}:conv:{id}          a conversation object; {ns}:conv:{id}:items the list of its item ids
 
 A chain's history is the records from the first response to the last, walked server-side in one
-round trip (a Lua script), then their items fetched at once: linear in the chain's length."""
+round trip (a Lua script), then their items fetched at once: linear in the chain's length.
+
+Every call goes through a ``RedisLink`` (``redis_conn.py``): each write is one transaction that
+is acknowledged only once ``CHORUS_REDIS_MIN_REPLICAS`` replicas have it, and every call is
+retried through a failover (a Sentinel URL: ``services/common/redis_url.py``). Leases (``claim``,
+``renew``) are not waited for: they only coordinate gateways and lapse on their own."""
 
 from __future__ import annotations
 
 import json
 from typing import Any, Protocol
 
-import redis.asyncio as aioredis
 from pydantic import BaseModel, Field, TypeAdapter
 
 from contracts.messages.items import ConversationItem
+from services.common.redis_url import RedisOptions, close_redis
+from services.gateway.redis_conn import Applied, Command, RedisLink, redis_options
+from services.gateway.settings import Settings
 
 _ITEM: TypeAdapter[ConversationItem] = TypeAdapter(ConversationItem)
 MAX_CHAIN = 10_000
@@ -106,35 +113,39 @@ class ResponseStore(Protocol):
 
 
 class RedisResponseStore:
-    def __init__(self, client: aioredis.Redis, namespace: str, ttl_s: int, tenant: str | None = None) -> None:
-        self.r = client
+    def __init__(self, link: RedisLink, namespace: str, ttl_s: int, tenant: str | None = None) -> None:
+        self.link = link
+        self.r = link.client
         self.ns = namespace
         self.ttl = ttl_s
         self.tenant = tenant
         self.prefix = f"{namespace}:t:{tenant}" if tenant else namespace
-        self._walk = client.register_script(_WALK)
-        self._renew = client.register_script(_RENEW)
+        self._walk = self.r.register_script(_WALK)
+        self._renew = self.r.register_script(_RENEW)
 
     def scoped(self, tenant: str | None) -> RedisResponseStore:
         """The same store, seen by one tenant."""
         if tenant == self.tenant:
             return self
-        return RedisResponseStore(self.r, self.ns, self.ttl, tenant)
+        return RedisResponseStore(self.link, self.ns, self.ttl, tenant)
 
     @classmethod
-    def from_url(cls, url: str, *, namespace: str, ttl_s: int) -> RedisResponseStore:
-        return cls(
-            aioredis.from_url(
-                url,
-                decode_responses=False,
-                health_check_interval=5,
-                socket_connect_timeout=2,
-                socket_timeout=5,
-                retry_on_timeout=True,
-            ),
-            namespace,
-            ttl_s,
+    def from_settings(cls, settings: Settings) -> RedisResponseStore:
+        return cls.from_url(
+            settings.redis_url,
+            namespace=settings.namespace,
+            ttl_s=settings.response_ttl_s,
+            options=redis_options(settings),
         )
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, namespace: str, ttl_s: int, options: RedisOptions | None = None
+    ) -> RedisResponseStore:
+        """The store at ``url`` (its forms: ``services/common/redis_url.py``), checked first
+        (``RedisLink.open``). Without ``options`` they are read from the environment (the
+        gateway's settings)."""
+        return cls(RedisLink.open(url, options or redis_options(Settings())), namespace, ttl_s)
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
@@ -143,44 +154,64 @@ class RedisResponseStore:
         return ":".join((self.ns, *parts))
 
     async def ping(self) -> None:
-        await self.r.ping()
+        await self.link.read(self.r.ping)
 
     async def close(self) -> None:
-        await self.r.aclose()
+        await close_redis(self.r)
+
+    # what a retried write checks before appending again (see redis_conn.Applied) -------------
+    def _appended(self, key: str, values: list[str] | list[bytes]) -> Applied:
+        """The list at ``key`` ends with ``values``."""
+
+        async def check() -> bool:
+            tail = await self.r.lrange(key, -len(values), -1)
+            return [v.encode() if isinstance(v, str) else v for v in values] == list(tail)
+
+        return Applied(check, (("EXPIRE", key, self.ttl),))
+
+    def _streamed(self, key: str, last: bytes) -> Applied:
+        """The stream at ``key`` ends with the event ``last``."""
+
+        async def check() -> bool:
+            got: Any = await self.r.xrevrange(key, count=1)
+            return bool(got) and bytes(got[0][1][b"e"]) == last
+
+        return Applied(check, (("EXPIRE", key, self.ttl),))
 
     # items ------------------------------------------------------------------------------
-    def _put_items(self, pipe: Any, items: list[ConversationItem]) -> None:
-        for item in items:
-            if item.id:
-                pipe.set(self._k("item", item.id), item.model_dump_json(), ex=self.ttl, nx=True)
+    def _put_items(self, items: list[ConversationItem]) -> list[Command]:
+        return [
+            ("SET", self._k("item", item.id), item.model_dump_json(), "EX", self.ttl, "NX") for item in items if item.id
+        ]
 
     async def get_item(self, item_id: str) -> ConversationItem | None:
-        raw = await self.r.get(self._k("item", item_id))
+        raw = await self.link.read(self.r.get, self._k("item", item_id))
         return _ITEM.validate_json(raw) if raw else None
 
     async def items(self, item_ids: list[str]) -> list[ConversationItem]:
         """The items with these ids, in order (expired ones left out)."""
         if not item_ids:
             return []
-        raws = await self.r.mget([self._k("item", i) for i in item_ids])
+        raws = await self.link.read(self.r.mget, [self._k("item", i) for i in item_ids])
         return [_ITEM.validate_json(raw) for raw in raws if raw]
 
     # responses --------------------------------------------------------------------------
     async def save_response(self, record: StoredResponse, items: list[ConversationItem]) -> None:
         """The record and the items it adds, in one transaction."""
         rid = record.response["id"]
-        async with self.r.pipeline(transaction=True) as pipe:
-            self._put_items(pipe, items)
-            pipe.set(self._k("resp", rid), record.model_dump_json(), ex=self.ttl)
-            await pipe.execute()
+        await self.link.write(
+            [*self._put_items(items), ("SET", self._k("resp", rid), record.model_dump_json(), "EX", self.ttl)]
+        )
 
     async def get_response(self, response_id: str) -> StoredResponse | None:
-        raw = await self.r.get(self._k("resp", response_id))
+        raw = await self.link.read(self.r.get, self._k("resp", response_id))
         return StoredResponse.model_validate_json(raw) if raw else None
 
     async def history(self, response_id: str) -> list[ConversationItem] | None:
         """Everything a continuation of ``response_id`` builds on (None: no such response)."""
-        raws: list[bytes] = await self._walk(keys=[self._k("resp", response_id)], args=[self._k("resp", ""), MAX_CHAIN])
+        raws: list[bytes] = await self.link.read(
+            self._walk, keys=[self._k("resp", response_id)], args=[self._k("resp", ""), MAX_CHAIN]
+        )
         if not raws:
             return None
         ids: list[str] = []
@@ -189,23 +220,20 @@ class RedisResponseStore:
         return await self.items(ids)
 
     async def delete_response(self, response_id: str) -> bool:
-        n = await self.r.delete(self._k("resp", response_id), self._k("resp", response_id, "events"))
-        return bool(n)
+        got = await self.link.write([("DEL", self._k("resp", response_id), self._k("resp", response_id, "events"))])
+        return bool(got and got[0])
 
     async def append_events(self, response_id: str, events: list[bytes]) -> None:
         if not events:
             return
         key = self._k("resp", response_id, "events")
-        async with self.r.pipeline(transaction=False) as pipe:
-            for event in events:
-                pipe.xadd(key, {"e": event})
-            pipe.expire(key, self.ttl)
-            await pipe.execute()
+        adds: list[Command] = [("XADD", key, "*", "e", event) for event in events]
+        await self.link.write([*adds, ("EXPIRE", key, self.ttl)], applied=self._streamed(key, events[-1]))
 
     async def read_events(self, response_id: str, after: str, block_ms: int) -> list[tuple[str, bytes]]:
         """Events after stream id ``after`` ("0" for all), waiting up to ``block_ms`` for new ones."""
         key = self._k("resp", response_id, "events")
-        got: Any = await self.r.xread({key: after}, block=block_ms or None, count=1000)
+        got: Any = await self.link.read(self.r.xread, {key: after}, block=block_ms or None, count=1000)
         out: list[tuple[str, bytes]] = []
         for _, entries in got or []:
             for entry_id, fields in entries:
@@ -213,67 +241,78 @@ class RedisResponseStore:
         return out
 
     async def request_cancel(self, response_id: str) -> None:
-        await self.r.set(self._k("resp", response_id, "cancel"), b"1", ex=self.ttl)
+        await self.link.write([("SET", self._k("resp", response_id, "cancel"), b"1", "EX", self.ttl)])
 
     async def cancel_requested(self, response_id: str) -> bool:
-        return bool(await self.r.exists(self._k("resp", response_id, "cancel")))
+        return bool(await self.link.read(self.r.exists, self._k("resp", response_id, "cancel")))
 
     # conversations ----------------------------------------------------------------------
     async def create_conversation(self, conv: dict[str, Any], items: list[ConversationItem]) -> None:
-        async with self.r.pipeline(transaction=True) as pipe:
-            pipe.set(self._k("conv", conv["id"]), json.dumps(conv), ex=self.ttl)
-            self._put_items(pipe, items)
-            if items:
-                pipe.rpush(self._k("conv", conv["id"], "items"), *[i.id or "" for i in items])
-                pipe.expire(self._k("conv", conv["id"], "items"), self.ttl)
-            await pipe.execute()
+        commands: list[Command] = [("SET", self._k("conv", conv["id"]), json.dumps(conv), "EX", self.ttl)]
+        commands += self._put_items(items)
+        applied = None
+        if items:
+            key = self._k("conv", conv["id"], "items")
+            ids = [i.id or "" for i in items]
+            commands += [("RPUSH", key, *ids), ("EXPIRE", key, self.ttl)]
+            applied = self._appended(key, ids)
+        await self.link.write(commands, applied=applied)
 
     async def get_conversation(self, conv_id: str) -> dict[str, Any] | None:
-        raw = await self.r.get(self._k("conv", conv_id))
+        raw = await self.link.read(self.r.get, self._k("conv", conv_id))
         return json.loads(raw) if raw else None
 
     async def update_conversation(self, conv: dict[str, Any]) -> None:
-        await self.r.set(self._k("conv", conv["id"]), json.dumps(conv), ex=self.ttl)
+        await self.link.write([("SET", self._k("conv", conv["id"]), json.dumps(conv), "EX", self.ttl)])
 
     async def delete_conversation(self, conv_id: str) -> bool:
-        return bool(await self.r.delete(self._k("conv", conv_id), self._k("conv", conv_id, "items")))
+        got = await self.link.write([("DEL", self._k("conv", conv_id), self._k("conv", conv_id, "items"))])
+        return bool(got and got[0])
 
     async def add_conversation_items(self, conv_id: str, items: list[ConversationItem]) -> None:
         if not items:
             return
         key = self._k("conv", conv_id, "items")
-        async with self.r.pipeline(transaction=True) as pipe:
-            self._put_items(pipe, items)
-            pipe.rpush(key, *[i.id or "" for i in items])
-            pipe.expire(key, self.ttl)
-            pipe.expire(self._k("conv", conv_id), self.ttl)
-            await pipe.execute()
+        ids = [i.id or "" for i in items]
+        await self.link.write(
+            [
+                *self._put_items(items),
+                ("RPUSH", key, *ids),
+                ("EXPIRE", key, self.ttl),
+                ("EXPIRE", self._k("conv", conv_id), self.ttl),
+            ],
+            applied=self._appended(key, ids),
+        )
 
     async def conversation_items(self, conv_id: str) -> list[ConversationItem]:
-        ids = await self.r.lrange(self._k("conv", conv_id, "items"), 0, -1)
+        ids = await self.link.read(self.r.lrange, self._k("conv", conv_id, "items"), 0, -1)
         return await self.items([i.decode() if isinstance(i, bytes) else i for i in ids])
 
     # background responses -----------------------------------------------------------------
     async def put_job(self, response_id: str, job: bytes, items: list[ConversationItem]) -> None:
-        async with self.r.pipeline(transaction=True) as pipe:
-            self._put_items(pipe, items)
-            pipe.set(self._k("bg", response_id), job, ex=self.ttl)
-            pipe.sadd(self._global("bg", "running"), f"{self.tenant or ''}|{response_id}")
-            await pipe.execute()
+        await self.link.write(
+            [
+                *self._put_items(items),
+                ("SET", self._k("bg", response_id), job, "EX", self.ttl),
+                ("SADD", self._global("bg", "running"), f"{self.tenant or ''}|{response_id}"),
+            ]
+        )
 
     async def get_job(self, response_id: str) -> bytes | None:
-        raw = await self.r.get(self._k("bg", response_id))
+        raw = await self.link.read(self.r.get, self._k("bg", response_id))
         return raw.encode() if isinstance(raw, str) else raw
 
     async def claim(self, response_id: str, owner: str, lease_ms: int) -> bool:
-        return bool(await self.r.set(self._k("bg", response_id, "lease"), owner, px=lease_ms, nx=True))
+        key = self._k("bg", response_id, "lease")
+        return bool(await self.link.read(self.r.set, key, owner, px=lease_ms, nx=True))
 
     async def renew(self, response_id: str, owner: str, lease_ms: int) -> bool:
-        return bool(await self._renew(keys=[self._k("bg", response_id, "lease")], args=[owner, lease_ms]))
+        key = self._k("bg", response_id, "lease")
+        return bool(await self.link.read(self._renew, keys=[key], args=[owner, lease_ms]))
 
     async def running(self) -> list[tuple[str | None, str]]:
         """Every tenant's background responses that are not finished: (tenant, response id)."""
-        members = await self.r.smembers(self._global("bg", "running"))
+        members = await self.link.read(self.r.smembers, self._global("bg", "running"))
         out: list[tuple[str | None, str]] = []
         for member in sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members):
             tenant, _, rid = member.partition("|")
@@ -284,51 +323,48 @@ class RedisResponseStore:
         """Which of these background responses nobody holds a lease on."""
         if not jobs:
             return []
-        held = await self.r.mget([self.scoped(t)._k("bg", rid, "lease") for t, rid in jobs])
+        held = await self.link.read(self.r.mget, [self.scoped(t)._k("bg", rid, "lease") for t, rid in jobs])
         return [job for job, owner in zip(jobs, held, strict=True) if owner is None]
 
     async def done_running(self, response_id: str) -> None:
-        async with self.r.pipeline(transaction=True) as pipe:
-            pipe.srem(self._global("bg", "running"), f"{self.tenant or ''}|{response_id}")
-            pipe.delete(
-                self._k("bg", response_id),
-                self._k("bg", response_id, "lease"),
-                self._k("bg", response_id, "checkpoint"),
-                self._k("bg", response_id, "steps"),
-            )
-            await pipe.execute()
+        bg = self._k("bg", response_id)
+        await self.link.write(
+            [
+                ("SREM", self._global("bg", "running"), f"{self.tenant or ''}|{response_id}"),
+                ("DEL", bg, f"{bg}:lease", f"{bg}:checkpoint", f"{bg}:steps"),
+            ]
+        )
 
     async def put_checkpoint(self, response_id: str, checkpoint: bytes) -> None:
         """A run's state before a model turn; the steps of earlier turns are not needed any more."""
-        async with self.r.pipeline(transaction=True) as pipe:
-            pipe.set(self._k("bg", response_id, "checkpoint"), checkpoint, ex=self.ttl)
-            pipe.delete(self._k("bg", response_id, "steps"))
-            await pipe.execute()
+        await self.link.write(
+            [
+                ("SET", self._k("bg", response_id, "checkpoint"), checkpoint, "EX", self.ttl),
+                ("DEL", self._k("bg", response_id, "steps")),
+            ]
+        )
 
     async def get_checkpoint(self, response_id: str) -> bytes | None:
-        raw = await self.r.get(self._k("bg", response_id, "checkpoint"))
+        raw = await self.link.read(self.r.get, self._k("bg", response_id, "checkpoint"))
         return raw.encode() if isinstance(raw, str) else raw
 
     async def add_step(self, response_id: str, step: bytes) -> None:
         key = self._k("bg", response_id, "steps")
-        async with self.r.pipeline(transaction=False) as pipe:
-            pipe.rpush(key, step)
-            pipe.expire(key, self.ttl)
-            await pipe.execute()
+        await self.link.write([("RPUSH", key, step), ("EXPIRE", key, self.ttl)], applied=self._appended(key, [step]))
 
     async def steps(self, response_id: str) -> list[bytes]:
-        raw = await self.r.lrange(self._k("bg", response_id, "steps"), 0, -1)
+        raw = await self.link.read(self.r.lrange, self._k("bg", response_id, "steps"), 0, -1)
         return [r if isinstance(r, bytes) else str(r).encode() for r in raw]
 
     async def last_event(self, response_id: str) -> bytes | None:
-        got: Any = await self.r.xrevrange(self._k("resp", response_id, "events"), count=1)
+        got: Any = await self.link.read(self.r.xrevrange, self._k("resp", response_id, "events"), count=1)
         return bytes(got[0][1][b"e"]) if got else None
 
     async def shared_secret(self, name: str, candidate: bytes) -> bytes:
         """A secret every replica shares: ``candidate`` if it is the first, else the one stored."""
         key = self._global("secret", name)
-        await self.r.set(key, candidate, nx=True)
-        stored = await self.r.get(key)
+        got = await self.link.write([("SET", key, candidate, "NX"), ("GET", key)])
+        stored = got[1]
         if stored is None:
             raise RuntimeError(f"the shared secret {name!r} could not be read back from Redis")
         return stored.encode() if isinstance(stored, str) else stored

@@ -91,9 +91,7 @@ async def count_tokens(request: Request) -> Response:
     if isinstance(data, dict):  # the one field a count does not need: any budget will do
         data.setdefault("max_tokens", COUNT_BUDGET)
     body = validate_request(data, ignore_unknown=ctx.settings.ignore_unknown_fields)
-    sealer = ctx.sealer
-    assert sealer is not None, "the gateway seals with its key from start-up"
-    encode = to_encode_request(body, unseal=sealer.open).model_copy(update={"model": ctx.served_model(body.model)})
+    encode = to_encode_request(body, unseal=ctx.sealer.open).model_copy(update={"model": ctx.served_model(body.model)})
     reply = await ctx.bus.request(
         ctx.bus.subjects.encoder_count,
         CountRequest(encode=encode),

@@ -31,7 +31,6 @@ class MessagesRun:
         self.served = ctx.served_model(body.model)
         self.message_id = f"msg_{uuid.uuid4().hex}"
         sealer = ctx.sealer
-        assert sealer is not None, "the gateway seals with its key from start-up"
         self.stream = MessageStream(
             body.model, self.message_id, sealer.seal, thinking_shown(body), keep_thinking=thinking_kept(body)
         )

@@ -113,7 +113,6 @@ class Background:
     # a new background response --------------------------------------------------------------
     async def submit(self, run: ResponseRun) -> None:
         store = run.prepared.store
-        assert self.ctx.sealer is not None
         job = job_of(run, self.ctx.sealer.seal, store.tenant)
         await store.claim(run.response_id, self.owner, LEASE_MS)  # first: no sweep may take it
         await store.put_job(run.response_id, job.model_dump_json().encode(), run.prepared.inputs)
@@ -268,7 +267,6 @@ class Background:
 
     async def _rebuild(self, store: ResponseStore, job: Job) -> ResponseRun:
         body = dict(job.request)
-        assert self.ctx.sealer is not None
         for tool in body.get("tools") or []:
             sealed = job.credentials.get(tool.get("server_label", "")) if tool.get("type") == "mcp" else None
             if sealed:

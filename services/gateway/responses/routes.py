@@ -65,11 +65,7 @@ async def create_response(request: Request) -> Response:
     req = parse_body(await request.body(), ResponsesRequest)
     sealer = ctx.sealer
     store = ctx.store_for(request)
-    run = ResponseRun(
-        ctx,
-        await prepare(ctx, req, store, unseal=sealer.open if sealer else None),
-        seal=sealer.seal if sealer else None,
-    )
+    run = ResponseRun(ctx, await prepare(ctx, req, store, unseal=sealer.open), seal=sealer.seal)
     seen = run.observe(request)
     if req.background:
         queued = run.response("queued")
@@ -185,7 +181,6 @@ async def compact_response(request: Request) -> Any:
     ctx = get_ctx(request)
     req = parse_body(await request.body(), CompactRequest)
     sealer = ctx.sealer
-    assert sealer is not None
     body = await compact(ctx, req, ctx.store_for(request), unseal=sealer.open, seal=sealer.seal)
     return Response(orjson.dumps(body), media_type="application/json")
 

@@ -160,8 +160,8 @@ class Socket:
         if parent is not None and context is not None:
             self.chains.move_to_end(parent)
         sealer = self.ctx.sealer
-        prepared = await prepare(self.ctx, req, self.store, unseal=sealer.open if sealer else None, context=context)
-        run = ResponseRun(self.ctx, prepared, seal=sealer.seal if sealer else None)
+        prepared = await prepare(self.ctx, req, self.store, unseal=sealer.open, context=context)
+        run = ResponseRun(self.ctx, prepared, seal=sealer.seal)
         run.observe(None).access = ("WS", PATH, run.response_id)
         return run
 
