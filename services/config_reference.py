@@ -5,8 +5,8 @@ through its pydantic-settings class, with its type as written in the environment
 the field's description. docs/configuration.md holds the output between ``BEGIN`` and ``END``;
 a test keeps the two equal.
 
-    python -m services.common.config_reference                                 # print it
-    python -m services.common.config_reference --write docs/configuration.md   # update the docs
+    python -m services.config_reference                                 # print it
+    python -m services.config_reference --write docs/configuration.md   # update the docs
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pydantic_settings import BaseSettings, NoDecode
 
 from services.common.settings import BusSettings
 
-BEGIN = "<!-- BEGIN GENERATED: python -m services.common.config_reference -->"
+BEGIN = "<!-- BEGIN GENERATED: python -m services.config_reference -->"
 END = "<!-- END GENERATED -->"
 
 
@@ -116,8 +116,10 @@ def _type_name(annotation: Any) -> str:
 
 def type_name(field: FieldInfo) -> str:
     if any(isinstance(m, NoDecode) or m is NoDecode for m in field.metadata):
-        (item,) = get_args(field.annotation)
-        return f"comma-separated {_type_name(item)}"
+        args = get_args(field.annotation)
+        if len(args) == 2:  # a mapping: KEY=VALUE items
+            return f"comma-separated KEY=VALUE ({_type_name(args[0])} to {_type_name(args[1])}) or a JSON object"
+        return f"comma-separated {_type_name(args[0])}"
     return _type_name(field.annotation)
 
 
@@ -125,6 +127,8 @@ def _env_value(value: Any) -> str:
     """``value`` as written in the environment."""
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, dict) and value and all(isinstance(v, str) for v in value.values()):
+        return ",".join(f"{k}={v}" for k, v in value.items())  # as the comma-separated form reads
     if isinstance(value, (list, dict)):
         return json.dumps(value)
     return str(value)
@@ -215,7 +219,7 @@ def generated_part(document: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.common.config_reference", description=__doc__.splitlines()[0] if __doc__ else None
+        prog="python -m services.config_reference", description=__doc__.splitlines()[0] if __doc__ else None
     )
     parser.add_argument(
         "--write", metavar="PATH", help="replace the generated part of PATH (docs/configuration.md) instead of printing"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # they start the services: any may be imported
-WIRING = {"services/cli.py", "services/up.py", "services/supervisor.py"}
+WIRING = {"services/cli.py", "services/up.py", "services/supervisor.py", "services/config_reference.py"}
 # a process that serves several roles composes those services (and imports them)
 COMPOSITES = {"worker": ("encoder", "dispatcher", "parser")}
 MAX_LINES = 500
@@ -41,7 +41,9 @@ def test_mypy_strict_everywhere() -> None:
 
 def imported_names(path: Path) -> Iterator[tuple[int, str]]:
     """(line, dotted name) of every import in a module, at any depth: ``import a.b`` gives
-    ``a.b``, ``from a import b`` gives ``a.b``; relative imports are resolved in the package."""
+    ``a.b``, ``from a import b`` gives ``a.b``; relative imports are resolved in the package;
+    ``importlib.import_module("a.b")`` gives ``a.b``, and a computed name counts as importing
+    another service (only the wiring may)."""
     package = path.relative_to(ROOT).with_suffix("").parts[:-1]
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -52,6 +54,17 @@ def imported_names(path: Path) -> Iterator[tuple[int, str]]:
             module = ".".join([*base, *([node.module] if node.module else [])])
             for alias in node.names:
                 yield node.lineno, module if alias.name == "*" else f"{module}.{alias.name}"
+        elif isinstance(node, ast.Call) and _dynamic_import(node.func):
+            # importlib.import_module / __import__: the module named, or "?" when it is computed
+            first = node.args[0] if node.args else None
+            named = isinstance(first, ast.Constant) and isinstance(first.value, str)
+            yield node.lineno, first.value if named else "services.?dynamic"  # type: ignore[union-attr]
+
+
+def _dynamic_import(func: ast.expr) -> bool:
+    if isinstance(func, ast.Name):
+        return func.id in ("__import__", "import_module")
+    return isinstance(func, ast.Attribute) and func.attr == "import_module"
 
 
 def allowed_first_party(rel: str) -> tuple[str, ...] | None:

@@ -10,11 +10,11 @@ import sys
 import pytest
 
 from services.cli import SERVICE_MODULES
-from services.common import config_reference
+from services import config_reference
 from tests.infra.compose import ROOT
 
 DOC = ROOT / "docs" / "configuration.md"
-REGENERATE = "python -m services.common.config_reference --write docs/configuration.md"
+REGENERATE = "python -m services.config_reference --write docs/configuration.md"
 
 
 def test_the_documented_reference_is_the_generated_one() -> None:
@@ -62,7 +62,7 @@ def test_splicing_replaces_only_the_generated_part() -> None:
 
 def test_the_module_prints_the_reference() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "services.common.config_reference"],
+        [sys.executable, "-m", "services.config_reference"],
         cwd=ROOT,
         capture_output=True,
         text=True,
