@@ -38,7 +38,8 @@ BUS_SERVICES = tuple(s for s in SERVICE_MODULES if s != "sim-engine")
 ROLES = tuple(s for s in BUS_SERVICES if s != "worker")
 WORKER_ROLES = ("encoder", "dispatcher", "parser")
 # `chorus up --split`: (option, default, what it counts); given without --split, refused
-SPLIT_COUNTS = (("--encoders", 1, "encoder"), ("--dispatchers", 1, "dispatcher"), ("--parser-workers", 2, "parser"))
+SPLIT_COUNTS = (("--encoders", 1, "encoder"), ("--dispatchers", 1, "dispatcher"), ("--parsers", 2, "parser"))
+OLD_FLAGS = {"--parser-workers": "--parsers"}  # still accepted
 
 
 def version() -> str:
@@ -272,8 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the encoders, dispatchers and parsers as processes of their own instead of workers",
     )
     for flag, default, what in SPLIT_COUNTS:
+        old = [name for name, new in OLD_FLAGS.items() if new == flag]  # accepted, not shown
         p_up.add_argument(
-            flag, metavar="N", type=_count(1), help=f"with --split: {what} processes (default: {default})"
+            flag, *old, metavar="N", type=_count(1), help=f"with --split: {what} processes (default: {default})"
         )
     p_up.add_argument(
         "--nats-url",

@@ -265,7 +265,7 @@ def _pipeline(args: argparse.Namespace) -> list[tuple[str, str]]:
     return [
         *named("encoder", args.encoders),
         *named("dispatcher", args.dispatchers),
-        *named("parser", args.parser_workers, always=True),
+        *named("parser", args.parsers, always=True),
     ]
 
 

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from contracts.messages.generate import GenerateRequest
 from services.common.engine_spec import EngineSpec, parse_engine
-from services.common.metrics import WORKER_IN_FLIGHT, WORKER_UP
+from services.common.metrics import ENGINE_IN_FLIGHT, ENGINE_UP
 from services.dispatcher.engines import make_adapter
 from services.dispatcher.engines.base import EngineAdapter
 from services.dispatcher.engines.http import EngineHttp, HttpError
@@ -57,7 +57,7 @@ class Engine:
     @in_flight.setter
     def in_flight(self, n: int) -> None:
         self._in_flight = n
-        WORKER_IN_FLIGHT.labels(self.url).set(n)
+        ENGINE_IN_FLIGHT.labels(self.url).set(n)
 
     def mark_down(self, reason: str) -> None:
         starting = not self.ever_up and time.monotonic() - self.since < START_GRACE_S
@@ -67,7 +67,7 @@ class Engine:
         elif starting and self.healthy is None:
             log.info("engine %s does not answer yet (starting?): %s", self.url, reason)
         self.healthy, self.last_error = False, reason
-        WORKER_UP.labels(self.url, self.kind).set(0)
+        ENGINE_UP.labels(self.url, self.kind).set(0)
 
     def mark_up(self) -> None:
         if self.reported:
@@ -75,7 +75,7 @@ class Engine:
         elif not self.ever_up:
             log.info("engine %s is up", self.url)
         self.healthy, self.last_error, self.reported, self.ever_up = True, "", False, True
-        WORKER_UP.labels(self.url, self.kind).set(1)
+        ENGINE_UP.labels(self.url, self.kind).set(1)
 
 
 def parse_engines(

@@ -43,9 +43,9 @@ class _Open:
 class Sessions:
     """The worker's live sessions, keyed by generation id."""
 
-    def __init__(self, bus: Bus, worker_id: str, *, window: float = 0.0) -> None:
+    def __init__(self, bus: Bus, parser_id: str, *, window: float = 0.0) -> None:
         self.bus = bus
-        self.worker_id = worker_id
+        self.parser_id = parser_id
         self._open: dict[str, _Open] = {}
         self.idle = asyncio.Event()  # no session open (draining waits for it)
         self.idle.set()
@@ -151,7 +151,7 @@ class Sessions:
 
     def _send(self, gid: str, entry: _Open, events: list[ParseEvent]) -> None:
         batch = ParsedBatch(
-            generation_id=gid, offset=entry.unsent_from, token_ids=entry.unsent, events=events, parser=self.worker_id
+            generation_id=gid, offset=entry.unsent_from, token_ids=entry.unsent, events=events, parser=self.parser_id
         )
         entry.unsent = []
         entry.unsent_from = entry.offset

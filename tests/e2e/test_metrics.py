@@ -44,13 +44,13 @@ async def test_requests_tokens_and_latencies_for_both_apis(metrics_stack: Runnin
     assert total(after, "chorus_requests_in_flight", api="chat") == 0
     # the dispatcher's view of its engine: up, and nothing streaming once the answers are in
     # (one dispatcher per worker process, each with its own view of the same engine)
-    assert [v for labels, v in after["chorus_engine_worker_up"] if labels["engine"] == "sim"] == [1, 1]
-    assert [v for _, v in after["chorus_engine_worker_in_flight"]] == [0, 0]
+    assert [v for labels, v in after["chorus_engine_up"] if labels["kind"] == "sim"] == [1, 1]
+    assert [v for _, v in after["chorus_engine_in_flight"]] == [0, 0]
     # every process of the stack answered the scrape with its own registry, once (a worker
     # beats as three roles and answers as the worker)
     services = {labels.get("service") for samples in after.values() for labels, _ in samples}
     assert services == {"gateway", "worker", "tools"}, services
-    workers = {labels["instance"] for labels, _ in after["chorus_engine_worker_up"]}
+    workers = {labels["instance"] for labels, _ in after["chorus_engine_up"]}
     assert len(workers) == 2, workers
 
 

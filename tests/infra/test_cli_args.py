@@ -12,19 +12,27 @@ from tests.infra.cli_process import _env
 
 @pytest.mark.parametrize(
     ("flag", "value"),
-    [("--workers", "0"), ("--encoders", "0"), ("--dispatchers", "0"), ("--parser-workers", "0"), ("--workers", "x")],
+    [
+        ("--workers", "0"),
+        ("--encoders", "0"),
+        ("--dispatchers", "0"),
+        ("--parsers", "0"),
+        ("--parser-workers", "0"),
+        ("--workers", "x"),
+    ],
 )
 def test_a_process_count_out_of_range_is_refused(flag: str, value: str) -> None:
     """`chorus up` refuses a stack without a worker (or, with --split, without an encoder, a
     dispatcher or a parser) before starting anything."""
     done = _refused("up", "--split", flag, value)
-    assert f"argument {flag}: want a whole number of at least" in done.stderr
+    named = "--parsers/--parser-workers" if flag in ("--parsers", "--parser-workers") else flag  # the old name too
+    assert f"argument {named}: want a whole number of at least" in done.stderr
 
 
 def test_split_counts_need_split() -> None:
     """The counts of the split shape without --split would be ignored: refused, naming them."""
     done = _refused("up", "--parser-workers", "3", "--dispatchers", "2")
-    assert "--dispatchers, --parser-workers: only with --split" in done.stderr
+    assert "--dispatchers, --parsers: only with --split" in done.stderr
 
 
 def _refused(*args: str) -> subprocess.CompletedProcess[str]:

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from services.cli import SERVICE_MODULES
 from services import config_reference
+from services.cli import SERVICE_MODULES
 from tests.infra.compose import ROOT
 
 DOC = ROOT / "docs" / "configuration.md"
@@ -62,11 +62,7 @@ def test_splicing_replaces_only_the_generated_part() -> None:
 
 def test_the_module_prints_the_reference() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "services.config_reference"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
+        [sys.executable, "-m", "services.config_reference"], cwd=ROOT, capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == config_reference.render()
