@@ -114,11 +114,11 @@ BUS_HOP = Histogram(
 )
 
 # -- dispatcher ------------------------------------------------------------------------------
-WORKER_UP = Gauge(
-    "chorus_engine_worker_up", "Engine worker health (1 up, 0 down)", ["worker", "engine"], registry=REGISTRY
+ENGINE_UP = Gauge(
+    "chorus_engine_up", "Engine health (1 up, 0 down), by engine and kind", ["engine", "kind"], registry=REGISTRY
 )
-WORKER_IN_FLIGHT = Gauge(
-    "chorus_engine_worker_in_flight", "Generations streaming from an engine worker", ["worker"], registry=REGISTRY
+ENGINE_IN_FLIGHT = Gauge(
+    "chorus_engine_in_flight", "Generations streaming from an engine (this dispatcher's)", ["engine"], registry=REGISTRY
 )
 
 # -- parser -----------------------------------------------------------------------------------
@@ -150,5 +150,17 @@ ENGINE_PROMPT_TOKENS = Counter(
     "chorus_engine_prompt_tokens_total",
     "Prompt tokens per engine as the engine reported them: cached (found in its prefix cache) or prefilled",
     ["engine", "kind"],
+    registry=REGISTRY,
+)
+
+# -- gateway: Redis through failovers ------------------------------------------------------------
+STORAGE_RETRIES = Counter(
+    "chorus_storage_retries_total",
+    "Redis operations through failures: retried (one per retry of an operation, its connection "
+    "broken or its server demoted), recovered (an operation that succeeded after retrying), gave_up "
+    "(the failover window ran out: storage unavailable), replicas_behind (a write fewer replicas "
+    "acknowledged in time than CHORUS_REDIS_MIN_REPLICAS: storage unavailable), failover (a new "
+    "primary noticed)",
+    ["outcome"],
     registry=REGISTRY,
 )
