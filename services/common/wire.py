@@ -12,10 +12,11 @@ milliseconds each is a cold step. ``Wire`` works from the socket's callbacks ins
   what was published meanwhile (up to ``buffer_limit`` bytes), with the same callbacks and
   errors as nats-py (``nats.errors``), so ``Bus`` is written once for both.
 
-It covers what Chorus's services use on plain ``nats://`` servers: publish (with headers and
-reply subjects), queue subscriptions, request/reply (with the server's no-responders status),
-flush, drain and close, user/password auth. JetStream and TLS stay with nats-py (``connect``
-in ``bus.py`` picks it for ``tls://`` servers)."""
+It covers what Chorus's services use: publish (with headers and reply subjects), queue
+subscriptions, request/reply (with the server's no-responders status), flush, drain and close;
+and how a production fleet runs NATS (``wire_link.py``): TLS (``wire_tls.py``), user/password,
+token, nkey and creds-file logins (``wire_auth.py``), a cluster (the servers in the URL and the
+ones learnt from INFO, ``wire_servers.py``) and lame duck mode. JetStream stays with nats-py."""
 
 from __future__ import annotations
 
@@ -24,26 +25,25 @@ import contextlib
 import itertools
 import json
 import logging
+import ssl
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any, cast
-from urllib.parse import unquote, urlsplit
 
 import nats.errors
 
 from services.common import nats_frames as frames
 from services.common.nats_frames import CRLF, FrameReader
+from services.common.wire_auth import Auth
+from services.common.wire_link import DEFAULT_MAX_PAYLOAD, ErrorHook, Hook, Link, NoServersAnswered
+from services.common.wire_servers import ServerPool
 from services.common.wire_subscription import Callback, Msg, Received, Subscription
+from services.common.wire_tls import tls_context
 
-__all__ = ["Msg", "Received", "Subscription", "Wire"]
+__all__ = ["Msg", "NoServersAnswered", "Received", "Subscription", "Wire", "tls_context"]
 
 log = logging.getLogger("chorus.wire")
-
-DEFAULT_MAX_PAYLOAD = 1024 * 1024
-
-Hook = Callable[[], Awaitable[None]]
-ErrorHook = Callable[[Exception], Awaitable[None]]
 
 
 class _Protocol(asyncio.Protocol):
@@ -79,7 +79,7 @@ class _Protocol(asyncio.Protocol):
         self.writable.set()
 
 
-class Wire:
+class Wire(Link):
     """One service's connection to NATS (see the module's docstring)."""
 
     def __init__(
@@ -89,6 +89,14 @@ class Wire:
         name: str = "",
         user: str | None = None,
         password: str | None = None,
+        token: str | None = None,
+        nkeys_seed: str | Path | None = None,
+        nkeys_seed_str: str | None = None,
+        user_credentials: str | Path | None = None,
+        tls: ssl.SSLContext | None = None,
+        tls_hostname: str | None = None,
+        tls_handshake_first: bool = False,
+        dont_randomize: bool = False,
         reconnect_time_wait: float = 0.25,
         connect_timeout: float = 2.0,
         ping_interval: float = 2.0,
@@ -98,11 +106,15 @@ class Wire:
         reconnected_cb: Hook | None = None,
         error_cb: ErrorHook | None = None,
     ) -> None:
-        if not servers:
-            raise ValueError("no NATS server given")
+        """``servers``: ``nats://`` or ``tls://`` URLs (credentials in a URL are used for that
+        server); the login options are as in nats-py (``nkeys_seed`` and ``user_credentials``
+        are files); ``tls``: a context (``tls_context`` builds one from file paths)."""
         self.servers = servers
+        self.pool = ServerPool(servers, randomize=not dont_randomize)
         self.name = name
-        self.user, self.password = user, password
+        self.auth = Auth(user, password, token, nkeys_seed, nkeys_seed_str, user_credentials)
+        self.auth.check()
+        self.tls, self.tls_hostname, self.tls_handshake_first = tls, tls_hostname, tls_handshake_first
         self.reconnect_time_wait = reconnect_time_wait
         self.connect_timeout = connect_timeout
         self.ping_interval = ping_interval
@@ -122,86 +134,24 @@ class Wire:
         self._refusal: str | None = None  # the server's -ERR during the last attempt
         self._closed = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self._server_index = 0
         # request/reply: one wildcard inbox, a token per request
         self._inbox_prefix = f"_INBOX.{uuid.uuid4().hex}"
         self._requests: dict[str, asyncio.Future[Msg]] = {}
         self._request_sub: Subscription | None = None
         self._tokens = itertools.count(1)
 
-    # connecting -------------------------------------------------------------------------
     @classmethod
     async def connect(cls, url: str, **options: Any) -> Wire:
-        """Connected, or ``nats.errors.NoServersError`` (none of the servers in ``url``, a
-        comma-separated list, could be reached; a refused login says why)."""
+        """Connected to one of the servers in ``url`` (a comma-separated list), or
+        ``NoServersAnswered`` (a ``nats.errors.NoServersError``) naming each server tried and
+        what it said (a refused login, a certificate refused, no answer)."""
         wire = cls([u.strip() for u in url.split(",") if u.strip()], **options)
-        last: BaseException | None = None
-        for _ in wire.servers:
-            try:
-                await wire._open()
-                break
-            except (OSError, TimeoutError, nats.errors.Error) as exc:
-                last = exc
-                wire._server_index += 1
-        else:
-            raise nats.errors.NoServersError() from last
+        await wire._connect_first()
         wire._spawn(wire._pinger())
         return wire
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _open(self) -> None:
-        """One connection attempt to the current server: INFO, CONNECT, PING/PONG."""
-        url = urlsplit(self.servers[self._server_index % len(self.servers)])
-        if url.scheme not in ("nats", ""):
-            raise nats.errors.Error(f"the lean NATS client speaks nats:// only, not {url.scheme}://")
-        loop = asyncio.get_running_loop()
-        info_received: asyncio.Future[dict[str, Any]] = loop.create_future()
-        self._info, self._refusal, self._ready = info_received, None, False
-        async with asyncio.timeout(self.connect_timeout):
-            transport, proto = await loop.create_connection(
-                lambda: _Protocol(self), url.hostname or "127.0.0.1", url.port or 4222
-            )
-            self._proto = proto
-            pong: asyncio.Future[None] = loop.create_future()
-            try:
-                await asyncio.wait([info_received, proto.lost], return_when=asyncio.FIRST_COMPLETED)
-                if not info_received.done():
-                    raise nats.errors.Error("the server closed the connection before its INFO")
-                info = info_received.result()
-                if info.get("tls_required"):
-                    raise nats.errors.Error("the server requires TLS: use a tls:// URL")
-                user = unquote(url.username) if url.username else self.user
-                password = unquote(url.password) if url.password else self.password
-                connect: dict[str, Any] = {
-                    "verbose": False,
-                    "pedantic": False,
-                    "lang": "python-chorus",
-                    "version": "1",
-                    "protocol": 1,
-                    "headers": True,
-                    "no_responders": True,
-                    "name": self.name,
-                }
-                if user:
-                    connect.update(user=user, **{"pass": password or ""})
-                self._pongs.appendleft(pong)  # the first PING on this connection (queued ones follow)
-                transport.write(b"CONNECT " + json.dumps(connect).encode() + CRLF + b"PING" + CRLF)
-                await asyncio.wait([pong, proto.lost], return_when=asyncio.FIRST_COMPLETED)
-                if not pong.done() or proto.lost.done():
-                    raise nats.errors.Error(self._refusal or "the server closed the connection")
-            except BaseException:
-                transport.abort()
-                self._proto = None
-                with contextlib.suppress(ValueError):  # unanswered: later PONGs must not match it
-                    self._pongs.remove(pong)
-                raise
-        self.max_payload = int(info.get("max_payload", DEFAULT_MAX_PAYLOAD))
-        self.server_info = info
-        self._ready = True
+    def _new_protocol(self) -> _Protocol:
+        return _Protocol(self)
 
     # the protocol -------------------------------------------------------------------------
     def _message(
@@ -227,7 +177,7 @@ class Wire:
             if self._info is not None and not self._info.done():
                 self._info.set_result(info)
             else:
-                self.max_payload = int(info.get("max_payload", self.max_payload))
+                self._info_update(info)
         elif line.startswith(b"-ERR"):
             message = line[4:].strip().strip(b"'").decode(errors="replace")
             self._refusal = message
@@ -396,86 +346,3 @@ class Wire:
                 proto.transport.abort()  # a server that stopped reading would hold close() forever
             else:
                 proto.transport.close()
-
-    # keeping the connection ---------------------------------------------------------------
-    async def _pinger(self) -> None:
-        """PING every ``ping_interval``; too many unanswered: the connection is stale."""
-        loop = asyncio.get_running_loop()
-        outstanding: list[asyncio.Future[None]] = []
-        while not self._closed:
-            await asyncio.sleep(self.ping_interval)
-            proto = self._proto
-            if proto is None or proto.lost.done():
-                outstanding.clear()
-                if proto is not None and not self._reconnecting:  # a loss nobody is handling
-                    self._lost()
-                continue
-            outstanding = [f for f in outstanding if not f.done()]
-            if len(outstanding) >= self.max_outstanding_pings:
-                log.warning("%s: NATS server stopped answering PINGs; reconnecting", self.name)
-                outstanding.clear()
-                if proto.transport is not None:
-                    proto.transport.abort()
-                continue
-            try:
-                self._write(b"PING" + CRLF)
-            except nats.errors.Error:
-                continue
-            pong: asyncio.Future[None] = loop.create_future()
-            self._pongs.append(pong)
-            outstanding.append(pong)
-
-    def _fail_pongs(self, error: Exception) -> None:
-        for pong in self._pongs:
-            if not pong.done():
-                pong.set_exception(error)
-                pong.exception()  # a flush awaiting it raises; the pinger's own are not awaited
-        self._pongs.clear()
-
-    def _connection_lost(self, proto: _Protocol, exc: Exception | None) -> None:
-        if proto is not self._proto or self._closed or not self._ready:
-            return  # an attempt that failed during its handshake says so itself
-        self._lost()
-
-    def _lost(self) -> None:
-        """The connection is gone: its PINGs with it, and a reconnect starts (unless one runs)."""
-        self._proto, self._ready = None, False
-        self._fail_pongs(nats.errors.UnexpectedEOF())
-        if not self._reconnecting:
-            self._spawn(self._reconnect())
-
-    async def _reconnect(self) -> None:
-        self._reconnecting = True
-        try:
-            await self._reconnect_loop()
-        finally:
-            self._reconnecting = False
-
-    async def _reconnect_loop(self) -> None:
-        if self._disconnected_cb is not None:
-            await self._call(self._disconnected_cb)
-        while not self._closed:
-            await asyncio.sleep(self.reconnect_time_wait)
-            self._server_index += 1
-            try:
-                await self._open()
-            except (OSError, TimeoutError, nats.errors.Error) as exc:
-                log.debug("%s: reconnecting to NATS failed: %s", self.name, exc)
-                continue
-            resubscribe = b"".join(frames.sub(sub.subject, sub.queue, sub.sid) for sub in self._subs.values())
-            pending, self._pending = bytes(self._pending), bytearray()
-            self._write(resubscribe + pending)
-            if self._reconnected_cb is not None:
-                await self._call(self._reconnected_cb)
-            return
-
-    async def _report(self, error: Exception) -> None:
-        if self._error_cb is not None:
-            with contextlib.suppress(Exception):
-                await self._error_cb(error)
-
-    async def _call(self, hook: Hook) -> None:
-        try:
-            await hook()
-        except Exception:  # a callback's failure never stops the connection
-            log.exception("%s: a NATS connection callback failed", self.name)
