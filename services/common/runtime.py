@@ -17,7 +17,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import generate_latest
 
@@ -32,6 +32,13 @@ if TYPE_CHECKING:
     from faststream.nats import NatsBroker
 
 log = logging.getLogger("chorus")
+
+
+class Role(Protocol):
+    """What every role of a process is, once its ``app.role`` context made and wired it: a
+    service whose work in hand can be finished (``drain``) before the process stops."""
+
+    async def drain(self) -> None: ...
 
 
 class Runtime:

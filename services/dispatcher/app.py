@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from pydantic import TypeAdapter
 
@@ -34,10 +34,24 @@ async def run(
     """Serve until ``stop`` (or a signal); ``ready`` is set once the handlers are subscribed."""
     async with (
         Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway", "dispatcher")) as rt,
-        Dispatcher(settings, policy=policy) as dispatcher,
+        role(rt, settings, policy=policy) as dispatcher,
     ):
-        await wire(rt, dispatcher)
         await rt.serve(ready=ready, drain=dispatcher.drain)
+
+
+@contextlib.asynccontextmanager
+async def role(
+    rt: Runtime,
+    settings: Settings,
+    *,
+    policy: SelectionPolicy | None = None,
+    local_parsers: dict[str, Callable[[TokenFrame], None]] | None = None,
+) -> AsyncIterator[Dispatcher]:
+    """The dispatcher role on ``rt``: made, wired to the bus, and stopped on the way out (every
+    role of a process has this shape: ``encoder.app.role``, ``parser.app.role``)."""
+    async with Dispatcher(settings, policy=policy) as dispatcher:
+        await wire(rt, dispatcher, local_parsers=local_parsers)
+        yield dispatcher
 
 
 async def wire(

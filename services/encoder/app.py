@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -19,7 +20,7 @@ from contracts.subjects import ENCODER_QUEUE
 from services.common.harmony import harmony_encoding
 from services.common.runtime import Runtime
 from services.encoder.render import RenderError
-from services.encoder.service import Encoder
+from services.encoder.service import Encoder, Forward
 from services.encoder.settings import Settings
 
 JOB: TypeAdapter[GenerateJob] = TypeAdapter(GenerateJob)
@@ -29,14 +30,21 @@ log = logging.getLogger("chorus.encoder")
 
 async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None) -> None:
     harmony_encoding()  # load the vocabulary before taking any work
-    async with Runtime.start(settings, "encoder", stop=stop) as rt:
-        encoder = Encoder(settings, rt.bus)
-        encoder.start_pool()
-        try:
-            await wire(rt, encoder)
-            await rt.serve(ready=ready, drain=encoder.drain)
-        finally:
-            encoder.close()
+    async with Runtime.start(settings, "encoder", stop=stop) as rt, role(rt, settings) as encoder:
+        await rt.serve(ready=ready, drain=encoder.drain)
+
+
+@contextlib.asynccontextmanager
+async def role(rt: Runtime, settings: Settings, *, forward: Forward | None = None) -> AsyncIterator[Encoder]:
+    """The encoder role on ``rt``: made (its render pool started), wired to the bus, and closed
+    on the way out. ``forward``: see ``Encoder``."""
+    encoder = Encoder(settings, rt.bus, forward=forward)
+    encoder.start_pool()
+    try:
+        await wire(rt, encoder)
+        yield encoder
+    finally:
+        encoder.close()
 
 
 async def wire(rt: Runtime, encoder: Encoder) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from pydantic import TypeAdapter
 
@@ -25,17 +26,29 @@ CANCEL: TypeAdapter[Cancel] = TypeAdapter(Cancel)
 async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None) -> None:
     harmony_encoding()
     token_bytes()  # the vocabulary's byte table, before the first session needs it
-    async with (
-        Runtime.start(settings, "parser", stop=stop, watch=("gateway",)) as rt,
-        parsing(rt, settings) as sessions,
-    ):
-        await rt.serve(ready=ready, drain=draining(rt, settings, sessions))
+    async with Runtime.start(settings, "parser", stop=stop, watch=("gateway",)) as rt, role(rt, settings) as parser:
+        await rt.serve(ready=ready, drain=parser.drain)
+
+
+@dataclass
+class Parsing:
+    """The parser role: its sessions, and its drain (new generations are taken until none
+    opened for a while, then the open ones finish while a gateway is there to read them)."""
+
+    rt: Runtime
+    settings: Settings
+    sessions: Sessions
+
+    async def drain(self) -> None:
+        peers = self.rt.peers
+        await self.sessions.drain(self.settings.drain_quiet_s, senders=lambda: bool(peers.alive("gateway")))
 
 
 @contextlib.asynccontextmanager
-async def parsing(rt: Runtime, settings: Settings) -> AsyncIterator[Sessions]:
-    """The worker's sessions: fed by the tokens subject of this instance, told of cancels and
-    gateway deaths, idle ones expired; closed at the end."""
+async def role(rt: Runtime, settings: Settings) -> AsyncIterator[Parsing]:
+    """The parser role on ``rt``: its sessions fed by this instance's tokens subject, told of
+    cancels and gateway deaths, idle ones expired; closed on the way out (the shape of every
+    role: ``encoder.app.role``, ``dispatcher.app.role``)."""
     sessions = Sessions(rt.bus, settings.instance_id, window=settings.coalesce_window_ms / 1000)
     rt.peers.on_death(sessions.on_death)
     subjects = settings.subjects
@@ -48,15 +61,12 @@ async def parsing(rt: Runtime, settings: Settings) -> AsyncIterator[Sessions]:
             await asyncio.sleep(settings.session_idle_s / 4)
             sessions.expire(settings.session_idle_s)
 
-    expiring = asyncio.get_running_loop().create_task(expire_forever())
     try:
-        yield sessions
+        async with asyncio.TaskGroup() as tg:
+            expiring = tg.create_task(expire_forever())
+            try:
+                yield Parsing(rt, settings, sessions)
+            finally:
+                expiring.cancel()
     finally:
-        expiring.cancel()
         await sessions.close()
-
-
-def draining(rt: Runtime, settings: Settings, sessions: Sessions) -> Callable[[], Awaitable[None]]:
-    """The parser's drain: new generations are taken until none opened for a while, then the
-    open ones finish (while a gateway is there to read them)."""
-    return lambda: sessions.drain(settings.drain_quiet_s, senders=lambda: bool(rt.peers.alive("gateway")))

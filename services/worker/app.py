@@ -21,13 +21,11 @@ import asyncio
 
 from contracts.messages.generate import GenerateRequest
 from services.common.harmony import harmony_encoding
-from services.common.runtime import Runtime
+from services.common.runtime import Role, Runtime
 from services.common.telemetry import setup_tracing
 from services.dispatcher import app as dispatcher_app
 from services.dispatcher.fleet import SelectionPolicy
-from services.dispatcher.service import Dispatcher
 from services.encoder import app as encoder_app
-from services.encoder.service import Encoder
 from services.parser import app as parser_app
 from services.parser.session import token_bytes
 from services.worker.settings import Settings
@@ -49,31 +47,25 @@ async def run(
         Runtime.start(settings, "dispatcher", stop=stop, watch=("gateway", "dispatcher")) as rt,
         Runtime.start(settings, "encoder", stop=rt.stop, joins=rt) as encoder_rt,
         Runtime.start(settings, "parser", stop=rt.stop, joins=rt, watch=("gateway",)) as parser_rt,
-        parser_app.parsing(parser_rt, settings) as sessions,
-        Dispatcher(settings, policy=policy) as dispatcher,
+        parser_app.role(parser_rt, settings) as parser,
+        dispatcher_app.role(
+            rt, settings, policy=policy, local_parsers={settings.instance_id: parser.sessions.take}
+        ) as dispatcher,
     ):
         rt.metrics_service = "worker"  # the process answers the stack's metrics once, for all three
 
         async def forward(request: GenerateRequest) -> None:
             if rt.draining or not dispatcher.readiness()[0]:  # another dispatcher takes it
-                await encoder.publish(request)
+                await encoder_rt.bus.publish(encoder_rt.bus.subjects.generate, request)
             else:
                 await dispatcher.on_generate(request)
 
-        encoder = Encoder(settings, encoder_rt.bus, forward=forward)
-        encoder.start_pool()
-        try:
-            await dispatcher_app.wire(rt, dispatcher, local_parsers={settings.instance_id: sessions.take})
-            await encoder_app.wire(encoder_rt, encoder)
-            roles = (asyncio.Event(), asyncio.Event(), asyncio.Event())
+        async with encoder_app.role(encoder_rt, settings, forward=forward) as encoder:
+            roles: tuple[tuple[Runtime, Role], ...] = ((rt, dispatcher), (encoder_rt, encoder), (parser_rt, parser))
+            started = [asyncio.Event() for _ in roles]
             async with asyncio.TaskGroup() as tg:
-                tg.create_task(rt.serve(ready=roles[0], drain=dispatcher.drain))
-                tg.create_task(encoder_rt.serve(ready=roles[1], drain=encoder.drain))
-                tg.create_task(
-                    parser_rt.serve(ready=roles[2], drain=parser_app.draining(parser_rt, settings, sessions))
-                )
+                for (runtime, served), event in zip(roles, started, strict=True):
+                    tg.create_task(runtime.serve(ready=event, drain=served.drain))
                 if ready is not None:
-                    await asyncio.gather(*(role.wait() for role in roles))
+                    await asyncio.gather(*(event.wait() for event in started))
                     ready.set()
-        finally:
-            encoder.close()
