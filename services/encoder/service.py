@@ -13,6 +13,7 @@ import concurrent.futures
 import datetime as dt
 import functools
 import logging
+import multiprocessing
 import time
 from collections.abc import Awaitable, Callable
 
@@ -108,9 +109,14 @@ class Encoder:
 
     def start_pool(self) -> None:
         if self.settings.render_processes > 0:
-            # render processes die with the encoder, even when it is killed outright
+            # render processes die with the encoder, even when it is killed outright. Spawned,
+            # not forked: a forked child would hold copies of this process's sockets (an
+            # engine connection the dispatcher closes to abort a request stays open while a
+            # render process has it) and of its threads' locks
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                self.settings.render_processes, initializer=worker_dies_with_parent
+                self.settings.render_processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=worker_dies_with_parent,
             )
             for _ in range(self.settings.render_processes):
                 self._pool.submit(_warm, self.settings.knowledge_cutoff)
