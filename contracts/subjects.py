@@ -100,6 +100,6 @@ class Subjects:
 
     # outside NATS subjects, but namespaced the same way ----------------------------------
     @property
-    def object_store(self) -> str:
-        """JetStream object store bucket for payloads over NATS's message size limit."""
-        return f"{self.namespace}-payloads"
+    def claims_stream(self) -> str:
+        """The JetStream stream that carries payloads over NATS's message size limit."""
+        return f"CLAIMS_{self.namespace}"

@@ -19,7 +19,7 @@ from typing import Any
 from contracts.subjects import Subjects
 from services.common import runfile
 from services.common.engine_spec import parse_engine
-from services.common.infra import redact
+from services.common.urls import redact
 from services.up import DEFAULT_NATS, DEFAULT_PORT, DEFAULT_REDIS, NAMESPACE, first_env, up
 
 # service name -> module with `Settings` (settings.py) and `run` (app.py)
@@ -73,16 +73,31 @@ async def _until_signal(work: Coroutine[Any, Any, int]) -> int:
             loop.remove_signal_handler(sig)
 
 
-async def _reach_nats(who: str, url: str, timeout: float) -> int:
+async def _reach_nats(who: str, url: str, timeout: float, options: dict[str, Any]) -> int:
     from services.common.probe import Unreachable, connect
 
     try:
-        nc = await connect(url, timeout, f"chorus-{who}-check")
+        nc = await connect(url, timeout, f"chorus-{who}-check", creds=options)
     except Unreachable as exc:
         print(f"chorus {who}: {exc} (set CHORUS_NATS_URL)", file=sys.stderr, flush=True)
         return 1
     await nc.close()
     return 0
+
+
+def _redis_usable(settings: Any) -> bool:
+    """The gateway's Redis configuration can work (else one line says why, and it does not
+    start): Sentinel answers and knows the service, the passwords are accepted. What may mend
+    itself (a server not answering yet) the gateway logs as it starts."""
+    from services.common.redis_url import RedisConfigError, check_redis
+    from services.gateway.redis_conn import redis_options
+
+    try:
+        check_redis(settings.redis_url, redis_options(settings))
+    except RedisConfigError as exc:
+        print(f"chorus serve gateway: {exc} (set CHORUS_REDIS_URL)", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def serve(name: str, connect_timeout: float) -> int:
@@ -100,16 +115,20 @@ def serve(name: str, connect_timeout: float) -> int:
     except ImportError:  # pragma: no cover - uvloop is a dependency, but stay runnable without it
         runner = asyncio.run
     if name in BUS_SERVICES:
-        code = runner(_until_signal(_reach_nats(f"serve {name}", settings.nats_url, connect_timeout)))
+        code = runner(
+            _until_signal(_reach_nats(f"serve {name}", settings.nats_url, connect_timeout, settings.nats_options()))
+        )
         if code:
             return int(code)
+    if name == "gateway" and not _redis_usable(settings):
+        return 1
     run = importlib.import_module(f"{module}.app").run
     with contextlib.suppress(KeyboardInterrupt):
         runner(run(settings))
     return 0
 
 
-async def ping(service: str, nats_url: str, namespace: str, timeout: float, creds: dict[str, str]) -> int:
+async def ping(service: str, nats_url: str, namespace: str, timeout: float, creds: dict[str, Any] | None) -> int:
     """Exit 0 when an instance of ``service`` says it is ready (its heartbeat; a worker's, on
     each of its roles' subjects under one instance id)."""
     from services.common.probe import Unreachable, connect, first_beat, worker_beat
@@ -140,18 +159,18 @@ async def ping(service: str, nats_url: str, namespace: str, timeout: float, cred
     return 0 if beat.ready else 1
 
 
-def _ping_target(args: argparse.Namespace) -> tuple[str, str, dict[str, str]]:
+def _ping_target(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None]:
     """The NATS and namespace to ping, and the credentials: as given, else the running `chorus
     up`'s of that namespace on this machine (its own NATS has a password made for the run)."""
     namespace = args.namespace or os.environ.get("CHORUS_NAMESPACE") or "chorus"
     given = args.nats_url or first_env("CHORUS_NATS_URL", "NATS_URL")
     stack = runfile.read(namespace)
-    creds: dict[str, str] = {}
     if stack is not None and (given is None or given == stack.get("nats_url")):
+        creds: dict[str, Any] | None = None  # the environment's
         if stack.get("nats_user") and stack.get("nats_password"):
             creds = {"user": stack["nats_user"], "password": stack["nats_password"]}
         return str(stack["nats_url"]), namespace, creds
-    return given or DEFAULT_NATS, namespace, creds
+    return given or DEFAULT_NATS, namespace, None
 
 
 def _parse_builtin(spec: str) -> str:

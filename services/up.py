@@ -19,7 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from services.common import runfile
-from services.common.infra import ManagedProcess, ensure_nats, ensure_redis, free_port, port_in_use, redact
+from services.common.infra import ManagedProcess, ensure_nats, ensure_redis, free_port, port_in_use
+from services.common.redis_url import check_redis, parse_redis_url
+from services.common.urls import redact
 from services.supervisor import Child, Supervisor, service_args
 
 DEFAULT_NATS, DEFAULT_REDIS, DEFAULT_PORT = "nats://127.0.0.1:4222", "redis://127.0.0.1:6379/0", 8000
@@ -117,6 +119,20 @@ def _check_namespace(nats_url: str, namespace: str) -> None:
         )
 
 
+def _redis_for(asked: str | None, log_path: Path | None) -> tuple[ManagedProcess | None, str]:
+    """The Redis a stack uses: Sentinel's primary (``redis+sentinel://``, checked with the
+    gateway's passwords: a configuration that cannot work is a ``RedisConfigError``), else as
+    ``ensure_redis`` finds or starts one."""
+    if asked and parse_redis_url(asked).sentinel:
+        from services.gateway.redis_conn import redis_options
+        from services.gateway.settings import Settings as GatewaySettings
+
+        for warning in check_redis(asked, redis_options(GatewaySettings())):
+            print(f"chorus: Redis: {warning}", file=sys.stderr, flush=True)
+        return None, asked
+    return ensure_redis(asked or DEFAULT_REDIS, log_path, at_url=bool(asked))
+
+
 def up(args: argparse.Namespace) -> int:
     stack = Supervisor(terminal=None if args.quiet else sys.stdout)
     stopping = starting = False
@@ -165,7 +181,7 @@ def up(args: argparse.Namespace) -> int:
                 f"chorus up; subjects under {namespace}.)",
                 flush=True,
             )
-        redis_proc, redis_url = ensure_redis(redis_asked or DEFAULT_REDIS, log("redis"), at_url=bool(redis_asked))
+        redis_proc, redis_url = _redis_for(redis_asked, log("redis"))
         if redis_proc is not None:
             _adopt(stack, "redis-server", redis_proc, log("redis"))
             print(f"chorus: Redis: started redis-server at {redis_url}, for this stack only", flush=True)

@@ -10,14 +10,13 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
-import nats
 from pydantic import BaseModel, TypeAdapter
 
 from contracts.messages.encode import EncodeRequest
 from contracts.messages.generate import GenerateJob, GenerateRequest, ParseSpec, Route, SamplingParams
 from contracts.messages.items import MessageItem
 from contracts.subjects import Subjects
-from services.common.bus import Bus, Connection
+from services.common.bus import Bus, Connection, connect
 from services.common.wire import Received
 
 T = TypeVar("T")
@@ -129,7 +128,8 @@ async def running(
 
 @contextlib.asynccontextmanager
 async def client(nats_url: str, namespace: str) -> AsyncIterator[Bus]:
-    nc = await nats.connect(nats_url)
+    """The test's own connection, on the client the services use."""
+    nc = await connect(nats_url, "test-client")
     try:
         yield Bus(nc, Subjects(namespace))
     finally:

@@ -47,14 +47,14 @@ async def stream_names(url: str) -> set[str]:
 
 
 async def remove_test_streams(url: str, existing: set[str]) -> None:
-    """Delete the JetStream streams (object stores: OBJ_NAMESPACE-payloads) of test namespaces
+    """Delete the JetStream streams (CLAIMS_NAMESPACE: oversized payloads) of test namespaces
     that did not exist before."""
     nc = await nats.connect(url, allow_reconnect=False, max_reconnect_attempts=0)
     try:
         js = nc.jetstream()
         for info in await js.streams_info():
             name = info.config.name or ""
-            namespace = name.removeprefix("OBJ_").removesuffix("-payloads")
+            namespace = name.removeprefix("CLAIMS_")
             if name not in existing and (TEST_NAMESPACE.match(namespace) or name.startswith("OBJ_infra-")):
                 await js.delete_stream(name)
     finally:

@@ -23,7 +23,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse, urlsplit, urlunsplit
+from urllib.parse import urlparse
+
+from services.common.urls import redact
 
 
 def die_with_parent() -> None:
@@ -33,8 +35,8 @@ def die_with_parent() -> None:
 
 
 def worker_dies_with_parent() -> None:
-    """In a forked worker that runs no new program (a process pool's): SIGTERM, its default
-    action again (the parent's event loop had caught it), when the parent dies."""
+    """In a process pool's worker: SIGTERM at its default action (a forked worker inherits the
+    handler of the parent's event loop), and death when the parent dies."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     die_with_parent()
     if os.getppid() == 1:  # the parent died before that took effect
@@ -63,15 +65,6 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError as exc:
             return exc.errno == errno.EADDRINUSE
     return False
-
-
-def redact(url: str) -> str:
-    """``url`` without its password (for messages and logs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def url_host_port(url: str, default_port: int) -> tuple[str, int]:
@@ -249,7 +242,14 @@ def ensure_nats(
     given): on that port when ``url`` is local and ``at_url`` (the address was asked for), on a
     free port otherwise (a default address never ends up held by one stack's server that
     another stack would then find and share). A remote address asked for that does not answer
-    is an error (``RuntimeError``): a local server in its place would be another stack's data."""
+    is an error (``RuntimeError``): a local server in its place would be another stack's data.
+    A cluster's URLs (``nats://a:4222,nats://b:4222``) are used when any of them answers, and
+    never stood in for."""
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    if len(servers) > 1:
+        if any(port_open(*url_host_port(u, 4222)) for u in servers):
+            return None, url
+        raise RuntimeError(f"no server of the cluster answers at {redact(url)}: start them, or give another address")
     host, port = url_host_port(url, 4222)
     if port_open(host, port):
         return None, url

@@ -62,6 +62,4 @@ def setup_logging(level: str, fmt: str | None = None) -> None:
     handler.setFormatter(JsonFormatter() if log_format(fmt) == "json" else logging.Formatter(TEXT_FORMAT))
     root.addHandler(handler)
     root.setLevel(level.upper())
-    # faststream logs every message at INFO; that is far too loud for a token stream.
-    logging.getLogger("faststream").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per engine request / health poll

@@ -153,6 +153,15 @@ ENGINE_PROMPT_TOKENS = Counter(
     registry=REGISTRY,
 )
 
+# -- every service: its NATS connection ------------------------------------------------------
+NATS_CONNECTION = Counter(
+    "chorus_nats_connection_events_total",
+    "This process's NATS connection: lost (its server died, stopped answering or closed it) and "
+    "reconnected (to a server of the cluster, the same or another)",
+    ["event"],
+    registry=REGISTRY,
+)
+
 # -- gateway: Redis through failovers ------------------------------------------------------------
 STORAGE_RETRIES = Counter(
     "chorus_storage_retries_total",

@@ -12,14 +12,11 @@ import contextlib
 import time
 from typing import Any
 
-import nats
-from nats.aio.client import Client as NatsClient
-from nats.errors import AuthorizationError
-
 from contracts.messages.control import Heartbeat
 from contracts.subjects import Subjects
-from services.common.bus import credentials
-from services.common.infra import redact
+from services.common.settings import BusSettings
+from services.common.urls import redact
+from services.common.wire import Wire
 
 
 class Unreachable(Exception):
@@ -32,47 +29,32 @@ AUTH_HINT = (
 )
 
 
-async def connect(
-    url: str, timeout: float, name: str = "chorus-probe", creds: dict[str, str] | None = None
-) -> NatsClient:
-    """A plain connection (no reconnecting) to the NATS at ``url``, trying again until
+async def connect(url: str, timeout: float, name: str = "chorus-probe", creds: dict[str, Any] | None = None) -> Wire:
+    """A connection to the NATS at ``url`` (one server or a cluster's), trying again until
     ``timeout`` seconds have passed (a server may be starting); refused credentials end it at
-    once, said as such. ``creds``: user and password (default: from the environment)."""
+    once, said as such. ``creds``: the connection's login and TLS options (default: the
+    ``CHORUS_NATS_*`` settings of the environment). The caller closes it."""
     deadline = time.monotonic() + timeout
-    errors: list[Exception] = []  # what the client met (its own exception says less)
-
-    async def on_error(exc: Exception) -> None:
-        errors.append(exc)
-
+    options = creds if creds is not None else BusSettings().nats_options()
     reason = "no answer"
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             raise Unreachable(f"cannot reach NATS at {redact(url)} within {timeout:g}s: {reason}")
-        errors.clear()
         try:
             return await asyncio.wait_for(
-                nats.connect(
-                    url,
-                    name=name,
-                    allow_reconnect=False,
-                    max_reconnect_attempts=0,
-                    connect_timeout=max(0.1, min(2.0, left)),
-                    error_cb=on_error,
-                    **(creds if creds else credentials()),
-                ),
-                max(0.1, left),
+                Wire.connect(url, name=name, connect_timeout=max(0.1, min(2.0, left)), **options), max(0.1, left)
             )
         except Exception as exc:  # noqa: BLE001 - retried until the deadline, then reported
-            met = errors[-1] if errors else exc
-            if _refused_credentials(met):
+            if _refused_credentials(exc):
                 raise Unreachable(f"cannot use NATS at {redact(url)}: {AUTH_HINT}") from None
-            reason = _reason(met)
+            reason = _reason(exc)
         await asyncio.sleep(min(0.25, max(0.0, deadline - time.monotonic())))
 
 
 def _refused_credentials(exc: BaseException) -> bool:
-    return isinstance(exc, AuthorizationError) or "authorization violation" in str(exc).lower()
+    text = str(exc).lower()
+    return "authorization violation" in text or "login refused" in text
 
 
 def _reason(exc: BaseException) -> str:
@@ -85,7 +67,7 @@ def _reason(exc: BaseException) -> str:
     return str(exc).strip() or type(exc).__name__
 
 
-async def first_beat(nc: NatsClient, subject: str, timeout: float) -> Heartbeat | None:
+async def first_beat(nc: Wire, subject: str, timeout: float) -> Heartbeat | None:
     """The first heartbeat on ``subject`` from an instance that is not leaving (None when
     none comes within ``timeout`` seconds)."""
     beats: asyncio.Queue[Heartbeat] = asyncio.Queue()
@@ -116,7 +98,7 @@ async def namespace_in_use(url: str, namespace: str, listen_s: float, connect_ti
         await nc.close()
 
 
-async def worker_beat(nc: NatsClient, namespace: str, roles: tuple[str, ...], timeout: float) -> Heartbeat | None:
+async def worker_beat(nc: Wire, namespace: str, roles: tuple[str, ...], timeout: float) -> Heartbeat | None:
     """A heartbeat of a worker process: one instance beating as every one of ``roles`` (its
     roles beat under one instance id), not leaving; None when none does within ``timeout``."""
     subjects = Subjects(namespace)

@@ -29,6 +29,8 @@ from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, RedisError, ResponseError
 from redis.retry import Retry
 
+from services.common.urls import redact
+
 SENTINEL_SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # scheme -> TLS
 SENTINEL_PORT = 26379
 SENTINEL_TIMEOUT_S = 1.0  # a sentinel answers at once or is counted as not answering
@@ -84,19 +86,9 @@ class RedisTarget:
     def where(self) -> str:
         """The target as a person reads it (no password)."""
         if not self.sentinel:
-            return redact_url(self.url)
+            return redact(self.url)
         hosts = ",".join(f"{h}:{p}" for h, p in self.sentinels)
         return f"primary {self.service!r} of the sentinels {hosts}"
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password (a Sentinel URL's list of hosts kept as written)."""
-    scheme, sep, rest = url.partition("://")
-    netloc, slash, path = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    return f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{hosts}{slash}{path}"
 
 
 def _host_port(spec: str, url: str) -> tuple[str, int]:
@@ -106,11 +98,11 @@ def _host_port(spec: str, url: str) -> tuple[str, int]:
     else:
         host, _, port = spec.partition(":")
     if not host:
-        raise RedisConfigError(f"Redis URL {redact_url(url)}: an empty sentinel address in the list")
+        raise RedisConfigError(f"Redis URL {redact(url)}: an empty sentinel address in the list")
     if not port:
         return host, SENTINEL_PORT
     if not port.isdigit() or not 0 < int(port) < 65536:
-        raise RedisConfigError(f"Redis URL {redact_url(url)}: {spec!r} is not HOST:PORT")
+        raise RedisConfigError(f"Redis URL {redact(url)}: {spec!r} is not HOST:PORT")
     return host, int(port)
 
 
@@ -120,7 +112,7 @@ def parse_redis_url(url: str) -> RedisTarget:
     if scheme not in SENTINEL_SCHEMES:
         if scheme not in ("redis", "rediss", "unix"):
             raise RedisConfigError(
-                f"Redis URL {redact_url(url)}: not a Redis URL (redis://, rediss://, unix://, redis+sentinel://, rediss+sentinel://)"
+                f"Redis URL {redact(url)}: not a Redis URL (redis://, rediss://, unix://, redis+sentinel://, rediss+sentinel://)"
             )
         return RedisTarget(url=url, password=unquote(urlsplit(url).password or "") or None, tls=scheme == "rediss")
     rest = url.partition("://")[2]
@@ -134,19 +126,17 @@ def parse_redis_url(url: str) -> RedisTarget:
         password = unquote(secret) if colon else None
     sentinels = tuple(_host_port(spec.strip(), url) for spec in hosts.split(",") if spec.strip())
     if not sentinels:
-        raise RedisConfigError(
-            f"Redis URL {redact_url(url)}: no sentinel address (redis+sentinel://HOST:PORT,.../SERVICE)"
-        )
+        raise RedisConfigError(f"Redis URL {redact(url)}: no sentinel address (redis+sentinel://HOST:PORT,.../SERVICE)")
     parts = [p for p in path.split("/") if p]
     if not parts or len(parts) > 2:
-        raise RedisConfigError(f"Redis URL {redact_url(url)}: the path must be /SERVICE_NAME or /SERVICE_NAME/DB")
+        raise RedisConfigError(f"Redis URL {redact(url)}: the path must be /SERVICE_NAME or /SERVICE_NAME/DB")
     if len(parts) == 2 and not parts[1].isdigit():
-        raise RedisConfigError(f"Redis URL {redact_url(url)}: the database {parts[1]!r} is not a number")
+        raise RedisConfigError(f"Redis URL {redact(url)}: the database {parts[1]!r} is not a number")
     params = tuple(parse_qsl(query))
     unknown = [k for k, _ in params if k not in TLS_PARAMS]
     if unknown:
         raise RedisConfigError(
-            f"Redis URL {redact_url(url)}: unknown parameter(s) {', '.join(unknown)} (known: {TLS_PARAMS})"
+            f"Redis URL {redact(url)}: unknown parameter(s) {', '.join(unknown)} (known: {TLS_PARAMS})"
         )
     return RedisTarget(
         url=url,
@@ -334,5 +324,5 @@ def check_redis(url: str, options: RedisOptions | None = None) -> list[str]:
             retry=_no_retry(),
         )
     except ValueError as exc:
-        raise RedisConfigError(f"Redis URL {redact_url(url)}: {_one_line(exc)}") from None
-    return _check_primary(client, f"Redis at {redact_url(url)}", target, options)
+        raise RedisConfigError(f"Redis URL {redact(url)}: {_one_line(exc)}") from None
+    return _check_primary(client, f"Redis at {redact(url)}", target, options)

@@ -17,19 +17,16 @@ import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from prometheus_client import generate_latest
 
 from contracts.messages.control import MetricsSnapshot
-from services.common.bus import Bus, credentials
+from services.common.bus import Bus
 from services.common.heartbeat import Beater, Peers
 from services.common.metrics import REGISTRY
 from services.common.settings import BusSettings
 from services.common.telemetry import setup_tracing
-
-if TYPE_CHECKING:
-    from faststream.nats import NatsBroker
 
 log = logging.getLogger("chorus")
 
@@ -84,11 +81,9 @@ class Runtime:
         *,
         stop: asyncio.Event | None = None,
         watch: tuple[str, ...] = (),
-        nc: Any = None,
         joins: Runtime | None = None,
     ) -> AsyncIterator[Runtime]:
-        """Connect (or use the faststream broker's connection ``nc``) and listen to the
-        heartbeats of the services in ``watch``. ``joins``: another role of this process (a
+        """Connect and listen to the heartbeats of the services in ``watch``. ``joins``: another role of this process (a
         worker's), whose connection this role shares: its peers pause and resume with that
         connection, and the process answers the stack's metrics request once, through it."""
         setup_tracing(service, settings.otlp_endpoint, instance_id=settings.instance_id)
@@ -105,18 +100,18 @@ class Runtime:
                 for callback in role.reconnect_callbacks:
                     await callback()
 
-        if joins is not None:
-            nc = joins.bus.nc
-        if nc is None:
+        if joins is not None:  # one connection for the process's roles
+            bus = Bus(joins.bus.nc, settings.subjects, claim_replicas=settings.nats_jetstream_replicas)
+        else:
             bus = await Bus.connect(
                 settings.nats_url,
                 f"chorus-{service}-{settings.instance_id}",
                 settings.subjects,
+                options=settings.nats_options(),
+                claim_replicas=settings.nats_jetstream_replicas,
                 on_disconnect=disconnected,
                 on_reconnect=reconnected,
             )
-        else:
-            bus = Bus(nc, settings.subjects)
         rt = cls(settings, service, bus, stop or asyncio.Event(), peers, roles)
         roles.append(rt)
         try:
@@ -126,9 +121,7 @@ class Runtime:
                 await bus.nc.subscribe(settings.subjects.metrics, cb=rt.answer_metrics)
             yield rt
         finally:
-            if joins is not None:
-                await bus.close_side()  # the shared connection is closed by the role that made it
-            elif nc is None:
+            if joins is None:  # the shared connection is closed by the role that made it
                 await bus.close()
 
     async def answer_metrics(self, msg: Any) -> None:
@@ -188,24 +181,3 @@ class Runtime:
                 await drain()
         except TimeoutError:
             log.warning("%s %s: drain timed out; stopping with work in hand", self.service, self.settings.instance_id)
-
-
-def make_broker(settings: BusSettings, name: str) -> NatsBroker:
-    """A faststream broker for the request/reply handlers that stay on faststream (tools).
-    No telemetry middleware: the handlers make their own spans from the request's headers
-    (faststream's would name spans after each reply's random ``_INBOX`` subject)."""
-    from faststream.nats import NatsBroker
-    from faststream.security import SASLPlaintext
-
-    setup_tracing(name, settings.otlp_endpoint, instance_id=settings.instance_id)
-    given = credentials()
-    return NatsBroker(
-        settings.nats_url,
-        name=f"chorus-{name}-{settings.instance_id}",
-        logger=None,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=1,
-        ping_interval=2,
-        # faststream takes a user and password as its security object, not as connect options
-        security=SASLPlaintext(username=given["user"], password=given["password"]) if given else None,
-    )

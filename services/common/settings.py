@@ -5,11 +5,13 @@ Each service subclasses ``BusSettings`` once; it is built at start-up and passed
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from contracts.subjects import Subjects
+from services.common.wire_tls import tls_context
 
 
 class BusSettings(BaseSettings):
@@ -18,7 +20,39 @@ class BusSettings(BaseSettings):
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",
         validation_alias=AliasChoices("CHORUS_NATS_URL", "NATS_URL", "nats_url"),
-        description="The NATS server every service connects to (credentials: CHORUS_NATS_USER / CHORUS_NATS_PASSWORD).",
+        description="The NATS servers every service connects to: one, or a cluster's, comma-separated "
+        "(nats:// or tls://; the cluster's other servers are learnt from them). A dead one is skipped.",
+    )
+    nats_user: str | None = Field(default=None, description="NATS user (with nats_password).")
+    nats_password: str | None = Field(default=None, description="NATS password.")
+    nats_token: str | None = Field(default=None, description="NATS token authentication.")
+    nats_nkey_seed_file: str | None = Field(
+        default=None, description="A file holding an nkey seed (SU...): NATS nkey authentication."
+    )
+    nats_creds_file: str | None = Field(
+        default=None, description="A NATS credentials file (a user JWT and its seed, as nsc writes them)."
+    )
+    nats_tls_ca: str | None = Field(
+        default=None,
+        description="CA file to verify the NATS servers' certificates (unset, with tls:// or a server "
+        "requiring TLS: the system's trusted CAs).",
+    )
+    nats_tls_cert: str | None = Field(
+        default=None, description="Client certificate for mutual TLS (with nats_tls_key)."
+    )
+    nats_tls_key: str | None = Field(default=None, description="The client certificate's key.")
+    nats_tls_hostname: str | None = Field(
+        default=None, description="The name the servers' certificates are checked against (default: each URL's host)."
+    )
+    nats_tls_handshake_first: bool = Field(
+        default=False, description="TLS before NATS's INFO (servers with handshake_first)."
+    )
+    nats_jetstream_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=5,
+        description="Replicas of the JetStream data Chorus keeps (oversized payloads in flight): 3 on a "
+        "three-node cluster, so a node's death loses none.",
     )
     namespace: str = Field(
         default="chorus",
@@ -64,6 +98,25 @@ class BusSettings(BaseSettings):
         "travel several to a message (a stream's text arrives in steps of up to this much; its "
         "first tokens never wait). 0: the window never grows.",
     )
+
+    def nats_options(self) -> dict[str, Any]:
+        """The NATS client's connection options from these settings (logins and TLS)."""
+        options: dict[str, Any] = {}
+        if self.nats_user:
+            options |= {"user": self.nats_user, "password": self.nats_password or ""}
+        if self.nats_token:
+            options["token"] = self.nats_token
+        if self.nats_nkey_seed_file:
+            options["nkeys_seed"] = self.nats_nkey_seed_file
+        if self.nats_creds_file:
+            options["user_credentials"] = self.nats_creds_file
+        if self.nats_tls_ca or self.nats_tls_cert:
+            options["tls"] = tls_context(ca=self.nats_tls_ca, cert=self.nats_tls_cert, key=self.nats_tls_key)
+        if self.nats_tls_hostname:
+            options["tls_hostname"] = self.nats_tls_hostname
+        if self.nats_tls_handshake_first:
+            options["tls_handshake_first"] = True
+        return options
 
     @property
     def subjects(self) -> Subjects:

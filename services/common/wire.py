@@ -181,7 +181,8 @@ class Wire(Link):
         elif line.startswith(b"-ERR"):
             message = line[4:].strip().strip(b"'").decode(errors="replace")
             self._refusal = message
-            log.warning("NATS server error: %s", message)
+            # while connecting, the refusal is what connect() raises (and says): not logged twice
+            log.log(logging.WARNING if self._ready else logging.DEBUG, "NATS server error: %s", message)
             self._spawn(self._report(nats.errors.Error(message)))
         # +OK (verbose is off) and anything unknown: nothing to do
 

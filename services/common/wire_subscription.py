@@ -13,6 +13,8 @@ from typing import Any, Protocol
 
 import nats.errors
 
+from contracts.subjects import CLAIM_HEADER
+
 log = logging.getLogger("chorus.wire")
 
 Callback = Callable[["Msg"], Coroutine[Any, Any, None]]
@@ -38,6 +40,8 @@ class Received(Protocol):
     def data(self) -> bytes: ...
     @property
     def headers(self) -> dict[str, str] | None: ...
+    @property
+    def reply(self) -> str: ...
 
 
 @dataclass(slots=True)
@@ -79,7 +83,7 @@ class Subscription:
         self.delivered += 1
         if self._cb is None:
             return
-        if self._inline and self.handling is None and not self._backlog and self.wire._idle():
+        if self._inline and self.handling is None and not self._backlog and self.wire._idle() and not _claim(msg):
             self._begin(msg)  # nothing that arrived before it waits (on any subscription): order holds
             return
         self._backlog.append(msg)
@@ -90,9 +94,17 @@ class Subscription:
         """An inline subscription's callback runs its first step here, in the socket's callback
         (no task is scheduled: on an idle process that step is a cold loop iteration saved on
         every hop). A callback that has to wait goes on in a task, and the messages arriving
-        meanwhile queue behind it as usual."""
+        meanwhile queue behind it as usual. Where asyncio has eager tasks (Python 3.12 and
+        later), the callback is such a task, started at once; on 3.11 its first step is driven
+        here (public asyncio only), so a first step must not need a current task: a message
+        whose payload is a claim (fetched with a timed request) is never handled inline."""
         assert self._cb is not None
         context = contextvars.copy_context()  # what the callback sets stays its own, as in a task
+        if EAGER is not None:
+            task = EAGER(asyncio.get_running_loop(), self._run_first(msg), context=context)
+            if not task.done():
+                self.handling = task
+            return
         coro = self._cb(msg)
         try:
             waiting = context.run(coro.send, None)
@@ -111,6 +123,17 @@ class Subscription:
         self.handled += 1
         if self._waiters:
             self._wake()
+
+    async def _run_first(self, msg: Msg) -> None:
+        """An eager task's whole work: ``msg``, then whatever queued behind it meanwhile."""
+        assert self._cb is not None
+        try:
+            await self._cb(msg)
+        except Exception:  # one message's failure never stops the subscription
+            log.exception("the callback for a message on %s failed", msg.subject)
+        self._handled_one()
+        if self._backlog:
+            await self._run()
 
     async def _run(self, first: Awaitable[None] | None = None) -> None:
         cb = self._cb
@@ -158,6 +181,14 @@ class Subscription:
         await self.wire._drain([self], timeout)
 
 
+def _claim(msg: Msg) -> bool:
+    return msg.headers is not None and CLAIM_HEADER in msg.headers
+
+
+# asyncio's eager task factory (Python 3.12+): a task whose first step runs in the creating call
+EAGER: Callable[..., asyncio.Task[None]] | None = getattr(asyncio, "eager_task_factory", None)
+
+
 async def _resumed(coro: Coroutine[Any, Any, None], waiting: Any, subject: str) -> None:
     """Drive ``coro`` on from where its first step, run outside any task, stopped (waiting for
     the future ``waiting``, or ``None`` for a bare yield): what a task does with a coroutine."""
@@ -166,8 +197,7 @@ async def _resumed(coro: Coroutine[Any, Any, None], waiting: Any, subject: str) 
             try:
                 if waiting is None:
                     await asyncio.sleep(0)
-                else:
-                    waiting._asyncio_future_blocking = False
+                else:  # (the future's blocking flag is the next task's to reset, as a task does)
                     await asyncio.wait((waiting,))
             except asyncio.CancelledError as exc:  # cancelled: so is what it waits for, as in a task
                 if waiting is not None:

@@ -30,7 +30,8 @@ from contracts.messages.generate import (
     TokenBatch,
     TokenFrame,
 )
-from services.common.bus import Bus, Outboxes
+from services.common.bus import Bus
+from services.common.outbox import Outboxes
 from services.common.recent import Recent
 from services.dispatcher.batches import BatchWriter, merge, relay
 from services.dispatcher.engines.base import EngineFailure

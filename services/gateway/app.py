@@ -138,9 +138,7 @@ def build_app(settings: Settings) -> FastAPI:
             rt.reconnect_callbacks.append(generations.on_reconnect)
             await generations.start()
             await rt.peers.wait_for(WATCHED, timeout=4 * settings.heartbeat_interval_s)
-            store = RedisResponseStore.from_url(
-                settings.redis_url, namespace=settings.namespace, ttl_s=settings.response_ttl_s
-            )
+            store = RedisResponseStore.from_settings(settings)
             sealer = await Sealer.from_settings(settings.sealing_keys, store.shared_secret)
             ctx = GatewayContext(
                 settings=settings, bus=rt.bus, peers=rt.peers, generations=generations, store=store, sealer=sealer

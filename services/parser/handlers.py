@@ -20,9 +20,10 @@ from contracts.messages.control import Cancel
 from contracts.messages.generate import EventFrame, GatewayEvent, ParsedBatch, TokenBatch, TokenFrame
 from contracts.messages.parse import Failed, ItemDelta, ParseEvent
 from services.common import telemetry
-from services.common.bus import Bus, Outboxes
+from services.common.bus import Bus
 from services.common.harmony import harmony_encoding
 from services.common.metrics import RECOVERIES
+from services.common.outbox import Outboxes
 from services.parser.session import ParseSession
 
 log = logging.getLogger("chorus.parser")

@@ -32,8 +32,15 @@ class RequestRecord:
     finished: bool = False
     finish_reason: str | None = None
     completion_tokens: int = 0
+    prompt_text: str | None = None  # decoded when first read (GET /sim/requests)
     aborted_event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     done_event: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    def _text(self, decode: Callable[[list[int]], str] | None) -> str:
+        """The prompt as text, decoded the first time it is asked for."""
+        if self.prompt_text is None and decode is not None:
+            self.prompt_text = decode(self.prompt_token_ids)
+        return self.prompt_text or ""
 
     def public(self, decode: Callable[[list[int]], str] | None = None) -> dict[str, Any]:
         """The record as ``/sim/requests`` lists it; ``prompt_text`` decoded now (only the tests
@@ -44,7 +51,7 @@ class RequestRecord:
             "protocol": self.protocol,
             "prompt_tokens": len(self.prompt_token_ids),
             "prompt_token_ids": self.prompt_token_ids,
-            "prompt_text": decode(self.prompt_token_ids) if decode is not None else "",
+            "prompt_text": self._text(decode),
             "params": self.params,
             "stream": self.stream,
             "aborted": self.aborted,

@@ -1,5 +1,5 @@
 """The tools service: MCP client for the gateway's tool loop. The only place that wires the
-broker, the session pool and the runner together."""
+bus, the session pool and the runner together."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import logging
 
 from contracts.messages.items import McpToolInfo
-from services.common.runtime import Runtime, make_broker
+from services.common.runtime import Runtime
 from services.tools.cache import TtlCache
 from services.tools.egress import EgressRules, Resolver, system_resolver
 from services.tools.handlers import register
@@ -59,14 +59,7 @@ async def run(
         logging.getLogger(name).setLevel(logging.WARNING)
     listings: TtlCache[list[McpToolInfo]] = TtlCache(settings.list_cache_ttl_s, settings.list_cache_max_entries)
     policy = build_policy(settings)  # a bad allowlist entry fails here, at start-up
-    async with build_pool(settings, policy, resolve) as pool:
-        runner = ToolRunner(settings, policy, pool, listings)
-        broker = make_broker(settings, "tools")
-        register(broker, settings, runner)
-        await broker.start()
-        try:
-            async with Runtime.start(settings, "tools", stop=stop, nc=broker.connection) as rt:
-                rt.ready = lambda: (True, f"{len(pool)} MCP sessions")
-                await rt.serve(ready=ready)
-        finally:
-            await broker.stop()
+    async with build_pool(settings, policy, resolve) as pool, Runtime.start(settings, "tools", stop=stop) as rt:
+        await register(rt.bus, settings, ToolRunner(settings, policy, pool, listings))
+        rt.ready = lambda: (True, f"{len(pool)} MCP sessions")
+        await rt.serve(ready=ready)

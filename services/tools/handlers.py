@@ -1,29 +1,32 @@
 """Bus handlers: typed request in, the runner's answer out, each in a span that continues the
-caller's trace (from the request's NATS headers): ``tools/list`` and ``execute_tool {name}``."""
+caller's trace (from the request's NATS headers): ``tools/list`` and ``execute_tool {name}``.
+Requests are answered concurrently (``Bus.reply``), from the tools' queue group."""
 
 from __future__ import annotations
 
-from faststream.nats import NatsBroker
-from faststream.nats.annotations import NatsMessage
 from opentelemetry.trace import Span, SpanKind
+from pydantic import TypeAdapter
 
 from contracts.errors import BusError
 from contracts.messages.tools import CallToolRequest, ListToolsRequest, ToolResult, ToolsListed
 from contracts.subjects import TOOLS_QUEUE
 from services.common import telemetry
+from services.common.bus import Bus
 from services.tools.runner import ToolRunner
 from services.tools.settings import Settings
 
+LIST: TypeAdapter[ListToolsRequest] = TypeAdapter(ListToolsRequest)
+CALL: TypeAdapter[CallToolRequest] = TypeAdapter(CallToolRequest)
 
-def register(broker: NatsBroker, settings: Settings, runner: ToolRunner) -> None:
+
+async def register(bus: Bus, settings: Settings, runner: ToolRunner) -> None:
     subjects = settings.subjects
-    workers = max(2, settings.max_concurrency)
+    concurrency = max(2, settings.max_concurrency)
 
-    @broker.subscriber(subjects.tools_list, queue=TOOLS_QUEUE, max_workers=workers)
-    async def list_tools(req: ListToolsRequest, msg: NatsMessage) -> ToolsListed | BusError:
+    async def list_tools(req: ListToolsRequest, headers: dict[str, str]) -> ToolsListed | BusError:
         span = telemetry.child_span(
             "tools/list",
-            msg.headers,
+            headers,
             SpanKind.SERVER,
             **{"mcp.method.name": "tools/list", "chorus.mcp.server": req.server.server_label},
         )
@@ -34,11 +37,10 @@ def register(broker: NatsBroker, settings: Settings, runner: ToolRunner) -> None
         finally:
             span.end()
 
-    @broker.subscriber(subjects.tools_call, queue=TOOLS_QUEUE, max_workers=workers)
-    async def call_tool(req: CallToolRequest, msg: NatsMessage) -> ToolResult | BusError:
+    async def call_tool(req: CallToolRequest, headers: dict[str, str]) -> ToolResult | BusError:
         span = telemetry.child_span(
             f"execute_tool {req.name}",
-            msg.headers,
+            headers,
             SpanKind.SERVER,
             **{
                 telemetry.GEN_AI_OPERATION: "execute_tool",
@@ -54,6 +56,9 @@ def register(broker: NatsBroker, settings: Settings, runner: ToolRunner) -> None
             return result
         finally:
             span.end()
+
+    await bus.reply(subjects.tools_list, LIST, list_tools, queue=TOOLS_QUEUE, concurrency=concurrency)
+    await bus.reply(subjects.tools_call, CALL, call_tool, queue=TOOLS_QUEUE, concurrency=concurrency)
 
 
 def ended(span: Span, answer: ToolsListed | ToolResult | BusError) -> None:

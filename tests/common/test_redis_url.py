@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.common.redis_url import RedisConfigError, RedisOptions, parse_redis_url, redact_url
+from services.common.redis_url import RedisConfigError, RedisOptions, parse_redis_url
+from services.common.urls import redact
 
 
 @pytest.mark.parametrize(
@@ -69,10 +70,12 @@ def test_plain_urls_are_left_to_redis_py() -> None:
         ("redis+sentinel://:secret@h:1,h:2/svc", "redis+sentinel://:***@h:1,h:2/svc"),
         ("redis://user:secret@h:1/0", "redis://user:***@h:1/0"),
         ("redis://h:1/0", "redis://h:1/0"),
+        ("nats://u:secret@a:4222,nats://u:secret@b:4222", "nats://u:***@a:4222,nats://u:***@b:4222"),
+        ("nats://a:4222,nats://b:4222", "nats://a:4222,nats://b:4222"),
     ],
 )
 def test_passwords_are_never_shown(url: str, shown: str) -> None:
-    assert redact_url(url) == shown
+    assert redact(url) == shown
 
 
 def test_defaults_depend_on_the_form() -> None:

@@ -14,8 +14,9 @@ from pydantic import BaseModel
 
 from contracts.messages.control import Heartbeat
 from contracts.subjects import Subjects
-from services.common.bus import Bus, Outboxes
+from services.common.bus import Bus
 from services.common.heartbeat import Peers
+from services.common.outbox import Outboxes
 from services.common.wire import Msg, Wire
 from services.common.wire_subscription import Callback
 

@@ -13,7 +13,15 @@ import contracts.messages
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.base import Contract
 from contracts.messages.control import Cancel, CancelResponse, Heartbeat, MetricsRequest, MetricsSnapshot
-from contracts.messages.encode import EncodeRequest, FunctionTool, NamedToolChoice, ResponseFormat, ToolNamespace
+from contracts.messages.encode import (
+    CountRequest,
+    EncodeRequest,
+    FunctionTool,
+    NamedToolChoice,
+    ResponseFormat,
+    TokenCount,
+    ToolNamespace,
+)
 from contracts.messages.generate import (
     EngineUsage,
     EventFrame,
@@ -42,6 +50,7 @@ from contracts.messages.items import (
     ReasoningItem,
 )
 from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, ItemDone, Usage
+from contracts.messages.routing import RouteNote, RoutingSnapshot, SnapshotRequest
 from contracts.messages.tools import CallToolRequest, ListToolsRequest, McpServer, ToolResult, ToolsListed
 
 # text that needs escaping in JSON: quotes, backslashes, control characters, non-BMP characters
@@ -141,6 +150,7 @@ sampling_params = SamplingParams(
     max_tokens=512,
     temperature=0.7,
     top_p=0.9,
+    top_k=40,
     presence_penalty=-1.5,
     frequency_penalty=0.25,
     seed=42,
@@ -215,6 +225,7 @@ heartbeat = Heartbeat(
     load=3,
     draining=True,
     stopping=True,
+    simulated=True,
 )
 cancel_response = CancelResponse(response_id="resp_1")
 metrics_request = MetricsRequest()
@@ -233,6 +244,23 @@ call_tool_request = CallToolRequest(
     request_id="req_1", server=mcp_server, name="search", arguments='{"q": "ü"}', timeout_s=2.5
 )
 tool_result = ToolResult(output=TRICKY, error="partial", truncated=True)
+
+count_request = CountRequest(encode=encode_request)
+token_count = TokenCount(tokens=1234)
+route_note = RouteNote(
+    dispatcher="d1",
+    generation_id="g1",
+    engine="http://gpu1:8000",
+    phase="decode",
+    prefill_tokens=300,
+    context_tokens=5000,
+    block_size=16,
+    blocks=[1, 2, 3],
+)
+snapshot_request = SnapshotRequest(dispatcher="d2")
+routing_snapshot = RoutingSnapshot(
+    index={"v": 1, "engines": []}, kv_seq={"http://gpu1:8000": 7}, in_flight=[route_note]
+)
 
 SAMPLES: dict[type[BaseModel], BaseModel] = {
     type(sample): sample
@@ -282,5 +310,10 @@ SAMPLES: dict[type[BaseModel], BaseModel] = {
         tools_listed,
         call_tool_request,
         tool_result,
+        count_request,
+        token_count,
+        route_note,
+        snapshot_request,
+        routing_snapshot,
     )
 }

@@ -9,11 +9,10 @@ import re
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
-from nats.js.object_store import VALID_BUCKET_RE
 
 from contracts.subjects import CLAIM_HEADER, DISPATCHER_QUEUE, ENCODER_QUEUE, SERVICES, TOOLS_QUEUE, Subjects
 
-# what BusSettings.namespace / instance_id look like (the object store bucket needs this alphabet)
+# what BusSettings.namespace / instance_id look like (the claims stream's name needs this alphabet)
 NAME = st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-", min_size=1, max_size=16)
 INSTANCES = ("p1", "g1", "3f2a9c0d1e4b", "list", "call", "jobs", "cancel")  # also names of fixed subjects' tokens
 EVERY_SERVICE = (*SERVICES, "gateway")
@@ -39,6 +38,9 @@ def fixed(subjects: Subjects) -> list[str]:
         subjects.cancel,
         subjects.response_cancel,
         subjects.metrics,
+        subjects.encoder_count,
+        subjects.routing_notes,
+        subjects.routing_snapshot,
     ]
 
 
@@ -74,7 +76,10 @@ def test_the_subject_names_on_the_wire() -> None:
         "gateway_events": s.gateway_events("g1"),
         "heartbeat": s.heartbeat("parser"),
         "heartbeats": s.heartbeats,
-        "object_store": s.object_store,
+        "encoder_count": s.encoder_count,
+        "routing_notes": s.routing_notes,
+        "routing_snapshot": s.routing_snapshot,
+        "claims_stream": s.claims_stream,
     } == {
         "jobs": "chorus.encoder.jobs",
         "generate": "chorus.dispatcher.generate",
@@ -88,7 +93,10 @@ def test_the_subject_names_on_the_wire() -> None:
         "gateway_events": "chorus.events.g1",
         "heartbeat": "chorus.heartbeat.parser",
         "heartbeats": "chorus.heartbeat.*",
-        "object_store": "chorus-payloads",
+        "encoder_count": "chorus.encoder.count",
+        "routing_notes": "chorus.routing.notes",
+        "routing_snapshot": "chorus.routing.snapshot",
+        "claims_stream": "CLAIMS_chorus",
     }
 
 
@@ -109,7 +117,10 @@ def test_every_subject_is_covered_here() -> None:
         "gateway_events",
         "heartbeat",
         "heartbeats",
-        "object_store",
+        "encoder_count",
+        "routing_notes",
+        "routing_snapshot",
+        "claims_stream",
     }
 
 
@@ -128,7 +139,7 @@ def test_namespaces_do_not_hear_each_other(a: str, b: str) -> None:
     sa, sb = Subjects(a), Subjects(b)
     assert not set(concrete(sa)) & set(concrete(sb))
     assert not any(matches(sa.heartbeats, subject) for subject in concrete(sb))
-    assert sa.object_store != sb.object_store
+    assert sa.claims_stream != sb.claims_stream
 
 
 @given(NAME, NAME, NAME)
@@ -165,10 +176,10 @@ def test_queue_groups() -> None:
 
 
 @given(NAME)
-def test_object_store_bucket_name_is_valid_for_jetstream(namespace: str) -> None:
-    bucket = Subjects(namespace).object_store
-    assert VALID_BUCKET_RE.match(bucket)
-    assert bucket.startswith(namespace)
+def test_the_claims_stream_name_is_valid_for_jetstream(namespace: str) -> None:
+    """A JetStream stream name: no whitespace, '.', '*', '>', path separators."""
+    stream = Subjects(namespace).claims_stream
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", stream) and stream.endswith(namespace)
 
 
 def test_claim_header_is_a_valid_header_name() -> None:

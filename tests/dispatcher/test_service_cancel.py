@@ -8,12 +8,12 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from nats.aio.client import Client as NatsClient
 from pydantic import BaseModel
 
 from contracts.messages.control import Cancel
 from contracts.subjects import Subjects
 from services.common.bus import Bus
+from services.common.wire import Wire
 from services.dispatcher.service import Dispatcher
 from services.dispatcher.settings import Settings
 from services.simengine.app import RunningSim, serving
@@ -69,7 +69,7 @@ class FakeBus(Bus):
     needs."""
 
     def __init__(self, namespace: str) -> None:
-        super().__init__(NatsClient(), Subjects(namespace))
+        super().__init__(Wire(["nats://127.0.0.1:1"]), Subjects(namespace))
         self.sent: list[tuple[str, BaseModel | bytes]] = []
 
     async def publish(self, subject: str, msg: BaseModel | bytes, headers: dict[str, str] | None = None) -> None:

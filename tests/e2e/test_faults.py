@@ -13,8 +13,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -25,70 +24,9 @@ from services.common.infra import ManagedProcess, free_port
 from services.gateway.responses.background import Job, LoggedStep
 from services.gateway.store import RedisResponseStore
 from tests.e2e.conftest import MODEL, RunningStack, start_sim_engine, start_stack
+from tests.e2e.streams import Streamed, kill, run_streams
 
-STREAMS = 8
 MAX_PAUSE_S = 5.0
-# ~300 answer tokens at 8 ms a token: a stream lasts about 2.5 s, long enough to be cut
-PROMPT = "Fault test {i} [[sim:tokens=300]] [[sim:delay_ms=8]]"
-
-
-@dataclass
-class Streamed:
-    reasoning: str
-    content: str
-    longest_pause: float
-    error: str | None = None
-
-
-async def chat_stream(client: openai.AsyncOpenAI, i: int) -> Streamed:
-    reasoning, content, pause = [], [], 0.0
-    stream = await client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": PROMPT.format(i=i)}], stream=True
-    )
-    last = time.monotonic()
-    async for chunk in stream:
-        now = time.monotonic()
-        pause, last = max(pause, now - last), now
-        if chunk.choices:
-            delta = chunk.choices[0].delta
-            content.append(delta.content or "")
-            reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
-    return Streamed("".join(reasoning), "".join(content), pause)
-
-
-async def responses_stream(client: openai.AsyncOpenAI, i: int) -> Streamed:
-    reasoning, content, pause = [], [], 0.0
-    error = None
-    stream = await client.responses.create(model=MODEL, input=PROMPT.format(i=i), stream=True)
-    last = time.monotonic()
-    async for event in stream:
-        now = time.monotonic()
-        pause, last = max(pause, now - last), now
-        if event.type == "response.output_text.delta":
-            content.append(event.delta)
-        elif event.type == "response.reasoning_text.delta":
-            reasoning.append(event.delta)
-        elif event.type == "response.completed":
-            # the stored answer says the same as the stream
-            assert event.response.output_text == "".join(content)
-        elif event.type in ("response.failed", "error"):
-            error = str(event)
-    return Streamed("".join(reasoning), "".join(content), pause, error)
-
-
-async def run_streams(stack: RunningStack, api: str, during: Callable[[], None] | None = None) -> list[Streamed]:
-    """STREAMS streams at once; ``during()`` runs once they are all well under way."""
-    client = stack.async_client()
-    fn = chat_stream if api == "chat" else responses_stream
-    tasks = [asyncio.create_task(fn(client, i)) for i in range(STREAMS)]
-    if during is not None:
-        await asyncio.sleep(1.0)  # the streams are a third of the way through
-        during()
-    return list(await asyncio.gather(*tasks))
-
-
-def kill(pid: int) -> None:
-    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

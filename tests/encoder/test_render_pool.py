@@ -10,7 +10,6 @@ import os
 import pickle
 
 import pytest
-from nats.aio.client import Client as NatsClient
 
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.encode import EncodeRequest
@@ -18,6 +17,7 @@ from contracts.messages.generate import GenerateJob
 from contracts.messages.items import MessageItem
 from contracts.subjects import Subjects
 from services.common.bus import Bus
+from services.common.wire import Wire
 from services.encoder import service
 from services.encoder.render import EncodedPrompt, RenderError
 from services.encoder.service import Encoder
@@ -46,7 +46,7 @@ def _die_on_request(req: EncodeRequest, today: dt.date, cutoff: str, limit: int,
 
 
 async def test_the_pool_reports_caller_mistakes_and_outlives_a_dead_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    unused = Bus(NatsClient(), Subjects("unit"))  # never connected: these renders publish nothing
+    unused = Bus(Wire(["nats://127.0.0.1:1"]), Subjects("unit"))  # never connected: these renders publish nothing
     encoder = Encoder(Settings(render_processes=1, inline_render_chars=1000), bus=unused)
     encoder.start_pool()
 

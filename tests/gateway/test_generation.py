@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 
-from nats.aio.client import Client as NatsClient
-
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.control import Heartbeat
 from contracts.messages.encode import EncodeRequest
@@ -15,6 +13,7 @@ from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, Ite
 from contracts.subjects import Subjects
 from services.common.bus import Bus
 from services.common.heartbeat import Peers
+from services.common.wire import Wire
 from services.gateway.generation import Generation, Generations, GenerationSpec
 
 
@@ -23,7 +22,7 @@ class Owner(Generations):
 
     def __init__(self) -> None:
         super().__init__(
-            Bus(NatsClient(), Subjects("unit")),
+            Bus(Wire(["nats://127.0.0.1:1"]), Subjects("unit")),
             Peers(),
             "g1",
             accept_timeout=5.0,

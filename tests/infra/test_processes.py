@@ -61,8 +61,10 @@ def _nats(tmp: Path, password: str) -> Iterator[tuple[int, int]]:
     """nats-server as compose runs it (the password set on the host): (client port, monitor port)."""
     conf = tmp / "nats.conf"
     conf.write_text((INFRA / "nats.conf").read_text().replace("/data", str(tmp / "data")))
-    args = command("nats", {"CHORUS_NATS_PASSWORD": password})
-    args[args.index("--config") + 1] = str(conf)
+    args = command("nats-1", {"CHORUS_NATS_PASSWORD": password})
+    args[args.index("--config") + 1] = str(conf)  # the node's settings, without the cluster: one node
+    for flag in ("--cluster", "--routes"):
+        del args[args.index(flag) : args.index(flag) + 2]
     port, monitor = free_port(), free_port()
     proc = subprocess.Popen(
         [nats_server_binary(), *args, "-a", "127.0.0.1", "-p", str(port), "-m", str(monitor)],
@@ -106,7 +108,7 @@ def redis_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 
 
 def test_nats_answers_its_healthcheck(nats_server: tuple[int, int]) -> None:
-    assert services()["nats"]["healthcheck"]["test"][-1] == "http://127.0.0.1:8222/healthz"
+    assert services()["nats-1"]["healthcheck"]["test"][-1] == "http://127.0.0.1:8222/healthz"
     with urllib.request.urlopen(f"http://127.0.0.1:{nats_server[1]}/healthz", timeout=5) as resp:
         assert resp.status == 200  # server and JetStream up
 
