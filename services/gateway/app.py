@@ -32,7 +32,7 @@ from services.gateway.chat.routes import router as chat_router
 from services.gateway.context import GatewayContext, get_ctx
 from services.gateway.edge import ANTHROPIC_PATHS, Edge
 from services.gateway.errors import STORAGE_DOWN, public
-from services.gateway.generation import Generations
+from services.gateway.generations import Generations
 from services.gateway.messages import response as anthropic
 from services.gateway.messages.routes import create_message
 from services.gateway.messages.routes import router as messages_router

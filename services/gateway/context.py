@@ -10,7 +10,7 @@ from contracts.errors import BusError, ErrorCode
 from services.common.bus import Bus
 from services.common.errors import ChorusError
 from services.common.heartbeat import Peers
-from services.gateway.generation import Generations
+from services.gateway.generations import Generations
 from services.gateway.settings import Settings
 from services.gateway.store import ResponseStore
 

@@ -14,7 +14,8 @@ from contracts.subjects import Subjects
 from services.common.bus import Bus
 from services.common.heartbeat import Peers
 from services.common.wire import Wire
-from services.gateway.generation import Generation, Generations, GenerationSpec
+from services.gateway.generation import Generation, GenerationSpec
+from services.gateway.generations import Generations
 
 
 class Owner(Generations):

@@ -27,8 +27,9 @@ from services.gateway.errors import invalid
 from services.gateway.generation import Generation, GenerationSpec
 from services.gateway.request_base import ApiRequest
 from services.gateway.responses.history import load_context, referenced
+from services.gateway.responses.inputs import InputItem, Text
 from services.gateway.responses.items import Unseal, input_item, input_items, new_id, output_item
-from services.gateway.responses.request import InputItem, ReasoningParam, Text
+from services.gateway.responses.request import ReasoningParam
 from services.gateway.responses.response import usage_of
 from services.gateway.store import ResponseStore
 

@@ -13,8 +13,8 @@ from services.gateway.context import get_ctx
 from services.gateway.errors import not_found
 from services.gateway.listing import page
 from services.gateway.request_base import ApiRequest
+from services.gateway.responses.inputs import InputItem
 from services.gateway.responses.items import input_item, input_items, new_id
-from services.gateway.responses.request import InputItem
 from services.gateway.store import ResponseStore
 from services.gateway.validation import parse_body
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contracts.messages.items import ConversationItem
 from services.gateway.errors import not_found
-from services.gateway.responses.request import InputItem, ItemReferenceInput, Text
+from services.gateway.responses.inputs import InputItem, ItemReferenceInput, Text
 from services.gateway.store import ResponseStore
 
 

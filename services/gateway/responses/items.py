@@ -45,7 +45,7 @@ from contracts.messages.items import (
     ReasoningItem,
 )
 from services.gateway.errors import invalid
-from services.gateway.responses.request import (
+from services.gateway.responses.inputs import (
     CompactionInput,
     CompactionTriggerInput,
     EchoedToolCallInput,
