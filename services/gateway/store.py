@@ -1,4 +1,4 @@
-"""Responses and conversations in Redis, behind a small Protocol.
+"""Responses and conversations in Redis, behind small Protocols (one per kind of state).
 
 Every item is stored once; a response is a record of references. With API keys configured
 every key below lives under its tenant (``{ns}:t:{tenant}:...``), so one API key never sees
@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field, TypeAdapter
 from contracts.messages.items import ConversationItem
 from services.common.redis_url import RedisOptions, close_redis
 from services.gateway.redis_conn import Applied, Command, RedisLink, redis_options
+from services.gateway.responses.response import ResponseBody
 from services.gateway.settings import Settings
 
 _ITEM: TypeAdapter[ConversationItem] = TypeAdapter(ConversationItem)
@@ -63,7 +64,7 @@ return out
 class StoredResponse(BaseModel):
     """A response record: the object, where it continues from, and the items it added."""
 
-    response: dict[str, Any]
+    response: ResponseBody
     previous_response_id: str | None = None
     item_ids: list[str] = Field(default_factory=list)  # inputs first, then output (with tool results)
     input_count: int = 0
@@ -74,30 +75,45 @@ class StoredResponse(BaseModel):
         return self.item_ids[: self.input_count]
 
 
-class ResponseStore(Protocol):
-    tenant: str | None
+class _Link(BaseModel):
+    """What a chain's walk reads of each record (its response object is left unread)."""
 
-    def scoped(self, tenant: str | None) -> ResponseStore: ...
-    async def ping(self) -> None: ...
-    async def close(self) -> None: ...
+    item_ids: list[str] = Field(default_factory=list)
+
+
+class Responses(Protocol):
+    """Stored responses and their items: saved when a run ends; read to continue, show, list."""
+
     async def save_response(self, record: StoredResponse, items: list[ConversationItem]) -> None: ...
     async def get_response(self, response_id: str) -> StoredResponse | None: ...
+    async def delete_response(self, response_id: str) -> bool: ...
     async def history(self, response_id: str) -> list[ConversationItem] | None: ...
     async def items(self, item_ids: list[str]) -> list[ConversationItem]: ...
-    async def delete_response(self, response_id: str) -> bool: ...
+    async def get_item(self, item_id: str) -> ConversationItem | None: ...
+
+
+class EventLog(Protocol):
+    """A response's stream events, kept for replays (background and streamed responses)."""
+
     async def append_events(self, response_id: str, events: list[bytes]) -> None: ...
     async def read_events(self, response_id: str, after: str, block_ms: int) -> list[tuple[str, bytes]]: ...
-    async def request_cancel(self, response_id: str) -> None: ...
-    async def cancel_requested(self, response_id: str) -> bool: ...
-    async def get_item(self, item_id: str) -> ConversationItem | None: ...
+    async def last_event(self, response_id: str) -> bytes | None: ...
+
+
+class Conversations(Protocol):
+    """Conversation objects and the list of their items."""
+
     async def create_conversation(self, conv: dict[str, Any], items: list[ConversationItem]) -> None: ...
     async def get_conversation(self, conv_id: str) -> dict[str, Any] | None: ...
     async def update_conversation(self, conv: dict[str, Any]) -> None: ...
     async def delete_conversation(self, conv_id: str) -> bool: ...
     async def add_conversation_items(self, conv_id: str, items: list[ConversationItem]) -> None: ...
     async def conversation_items(self, conv_id: str) -> list[ConversationItem]: ...
-    # background responses: the job, its lease, its checkpoints and steps
-    async def shared_secret(self, name: str, candidate: bytes) -> bytes: ...
+
+
+class Jobs(Protocol):
+    """Background responses: the job, its lease, its checkpoints and steps, a cancel asked for."""
+
     async def put_job(self, response_id: str, job: bytes, items: list[ConversationItem]) -> None: ...
     async def get_job(self, response_id: str) -> bytes | None: ...
     async def claim(self, response_id: str, owner: str, lease_ms: int) -> bool: ...
@@ -109,7 +125,19 @@ class ResponseStore(Protocol):
     async def get_checkpoint(self, response_id: str) -> bytes | None: ...
     async def add_step(self, response_id: str, step: bytes) -> None: ...
     async def steps(self, response_id: str) -> list[bytes]: ...
-    async def last_event(self, response_id: str) -> bytes | None: ...
+    async def request_cancel(self, response_id: str) -> None: ...
+    async def cancel_requested(self, response_id: str) -> bool: ...
+
+
+class ResponseStore(Responses, EventLog, Conversations, Jobs, Protocol):
+    """All of it, as one tenant sees it: what the gateway's context and a run hold (a run
+    saves its response, logs its events, extends its conversation and, in the background,
+    keeps its job)."""
+
+    tenant: str | None
+
+    def scoped(self, tenant: str | None) -> ResponseStore: ...
+    async def ping(self) -> None: ...
 
 
 class RedisResponseStore:
@@ -198,7 +226,7 @@ class RedisResponseStore:
     # responses --------------------------------------------------------------------------
     async def save_response(self, record: StoredResponse, items: list[ConversationItem]) -> None:
         """The record and the items it adds, in one transaction."""
-        rid = record.response["id"]
+        rid = record.response.id
         await self.link.write(
             [*self._put_items(items), ("SET", self._k("resp", rid), record.model_dump_json(), "EX", self.ttl)]
         )
@@ -216,7 +244,7 @@ class RedisResponseStore:
             return None
         ids: list[str] = []
         for raw in reversed(raws):
-            ids += StoredResponse.model_validate_json(raw).item_ids
+            ids += _Link.model_validate_json(raw).item_ids
         return await self.items(ids)
 
     async def delete_response(self, response_id: str) -> bool:

@@ -19,6 +19,7 @@ from services.gateway.chat.request import ChatRequest
 from services.gateway.context import GatewayContext
 from services.gateway.edge import Edge
 from services.gateway.responses.request import ResponsesRequest
+from services.gateway.responses.response import ResponseBody
 from services.gateway.responses.routes import replay
 from services.gateway.store import ResponseStore, StoredResponse
 from services.gateway.structured import check
@@ -280,7 +281,7 @@ class _Unlogged:
         return []
 
     async def get_response(self, response_id: str) -> StoredResponse:
-        return StoredResponse(response={"id": response_id, "status": "completed"})
+        return StoredResponse(response=ResponseBody(id=response_id, status="completed", background=True))
 
 
 async def test_replaying_a_finished_response_without_events_does_not_wait() -> None:

@@ -32,6 +32,7 @@ from services.common.infra import free_port, start_redis_node, start_sentinels
 from services.common.metrics import REGISTRY
 from services.common.redis_url import RedisConfigError, RedisOptions
 from services.gateway.redis_conn import ReplicasBehind, StorageUnavailable
+from services.gateway.responses.response import ResponseBody
 from services.gateway.store import RedisResponseStore, StoredResponse
 from tests.redis_topology import SERVICE, Topology, answers, port_of, sentinel_ports, topology, wait_until
 
@@ -40,7 +41,8 @@ WORKERS = 4  # tasks saving in a loop while the primary dies
 
 
 def record(rid: str) -> StoredResponse:
-    return StoredResponse(response={"id": rid, "object": "response", "output": [{"text": rid}]})
+    body = {"id": rid, "object": "response", "status": "completed", "background": False, "output": [{"text": rid}]}
+    return StoredResponse(response=ResponseBody.model_validate(body))
 
 
 async def on_replicas(ports: list[int], key: str) -> list[int]:

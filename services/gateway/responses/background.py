@@ -23,12 +23,12 @@ from contracts.messages.control import CancelResponse
 from contracts.messages.items import ConversationItem
 from contracts.messages.parse import ParseEvent
 from services.gateway.context import GatewayContext
-from services.gateway.responses.persist import dump, finish
+from services.gateway.responses.persist import dump, finish, stored_body
 from services.gateway.responses.prepare import Prepared
 from services.gateway.responses.request import McpToolParam, ResponsesRequest
 from services.gateway.responses.response import TERMINAL_EVENTS
 from services.gateway.responses.run import ResponseRun, Resume, RunCheckpoint, Step
-from services.gateway.store import ResponseStore, StoredResponse
+from services.gateway.store import EventLog, Jobs, ResponseStore, StoredResponse
 
 log = logging.getLogger("chorus.gateway.background")
 
@@ -191,15 +191,15 @@ class Background:
         return held
 
     @staticmethod
-    async def _last_seq(store: ResponseStore, rid: str) -> int:
+    async def _last_seq(store: EventLog, rid: str) -> int:
         last = await store.last_event(rid)
         return int(orjson.loads(last).get("sequence_number", -1)) if last else -1
 
     async def _save(self, run: ResponseRun, status: str) -> None:
-        response = orjson.loads(dump(run.response(status)))  # type: ignore[arg-type]
+        response = stored_body(run.response(status))  # type: ignore[arg-type]
         await run.prepared.store.save_response(StoredResponse(response=response), [])
 
-    async def _renew(self, store: ResponseStore, rid: str, task: asyncio.Task[Any] | None) -> None:
+    async def _renew(self, store: Jobs, rid: str, task: asyncio.Task[Any] | None) -> None:
         """Keep the lease; a lease lost (this gateway stalled) stops the run here. A cancel
         left in Redis stops it too: the bus message may have been missed (sent while this
         gateway was taking the run over, or lost with a NATS reconnect)."""

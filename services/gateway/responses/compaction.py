@@ -26,12 +26,11 @@ from services.gateway.context import GatewayContext
 from services.gateway.errors import invalid
 from services.gateway.generation import Generation, GenerationSpec
 from services.gateway.request_base import ApiRequest
-from services.gateway.responses.history import load_context, referenced
+from services.gateway.responses.history import Continuations, load_context, referenced
 from services.gateway.responses.inputs import InputItem, Text
 from services.gateway.responses.items import Unseal, input_item, input_items, new_id, output_item
 from services.gateway.responses.request import ReasoningParam
 from services.gateway.responses.response import usage_of
-from services.gateway.store import ResponseStore
 
 SUMMARY_MAX_TOKENS = 4096
 CHARS_PER_TOKEN = 4  # what the threshold check assumes of text it has not seen tokenized
@@ -136,7 +135,7 @@ async def read_summary(generation: Generation) -> tuple[str, Usage]:
 
 
 async def compact(
-    ctx: GatewayContext, req: CompactRequest, store: ResponseStore, *, unseal: Unseal | None, seal: Any
+    ctx: GatewayContext, req: CompactRequest, store: Continuations, *, unseal: Unseal | None, seal: Any
 ) -> dict[str, Any]:
     """``POST /v1/responses/compact``: the conversation, condensed (a ``CompactedResponse``;
     its user messages are input messages, which openai-python's output union cannot type)."""

@@ -15,7 +15,7 @@ from services.gateway.listing import page
 from services.gateway.request_base import ApiRequest
 from services.gateway.responses.inputs import InputItem
 from services.gateway.responses.items import input_item, input_items, new_id
-from services.gateway.store import ResponseStore
+from services.gateway.store import Conversations
 from services.gateway.validation import parse_body
 
 router = APIRouter()
@@ -39,7 +39,7 @@ def _shown(items: list[ConversationItem]) -> list[dict[str, Any]]:
     return [input_item(i).model_dump(by_alias=True, exclude_unset=True) for i in items]
 
 
-async def _conversation(store: ResponseStore, conv_id: str) -> dict[str, Any]:
+async def _conversation(store: Conversations, conv_id: str) -> dict[str, Any]:
     conv = await store.get_conversation(conv_id)
     if conv is None:
         raise not_found(f"Conversation with id '{conv_id}' not found.", "conversation_id")

@@ -3,14 +3,20 @@ and the stored items its input refers to by id. Shared by create (``prepare``) a
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from contracts.messages.items import ConversationItem
 from services.gateway.errors import not_found
 from services.gateway.responses.inputs import InputItem, ItemReferenceInput, Text
-from services.gateway.store import ResponseStore
+from services.gateway.store import Conversations, Responses
+
+
+class Continuations(Responses, Conversations, Protocol):
+    """Where a request's earlier turns are: a previous response's chain, a conversation."""
 
 
 async def load_context(
-    store: ResponseStore, previous_response_id: str | None, conversation_id: str | None = None
+    store: Continuations, previous_response_id: str | None, conversation_id: str | None = None
 ) -> list[ConversationItem]:
     """The conversation so far; a 404 naming the parameter when what it names is gone."""
     if previous_response_id:
@@ -29,7 +35,7 @@ async def load_context(
     return []
 
 
-async def referenced(store: ResponseStore, given: Text | list[InputItem] | None) -> dict[str, ConversationItem]:
+async def referenced(store: Responses, given: Text | list[InputItem] | None) -> dict[str, ConversationItem]:
     """The stored items that ``item_reference`` inputs name (unknown ids are left out)."""
     found: dict[str, ConversationItem] = {}
     if isinstance(given, list):

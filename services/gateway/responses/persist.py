@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 from pydantic import BaseModel
 
+from services.gateway.responses.response import ResponseBody
 from services.gateway.responses.run import ResponseRun
 from services.gateway.store import StoredResponse
 
@@ -21,13 +22,18 @@ def dump(model: BaseModel) -> bytes:
     return model.model_dump_json(by_alias=True, exclude_unset=True).encode()
 
 
+def stored_body(response: BaseModel) -> ResponseBody:
+    """A response object as it is stored: its JSON (``dump``), read back as the stored type."""
+    return ResponseBody.model_validate(orjson.loads(dump(response)))
+
+
 async def finish(run: ResponseRun) -> None:
     """Store what the run made (unless store: false) and extend its conversation."""
     req = run.request
     added = run.conversation()[len(run.prepared.context) :]
     if req.stored:
         record = StoredResponse(
-            response=orjson.loads(dump(run.response())),
+            response=stored_body(run.response()),
             previous_response_id=req.previous_response_id,
             item_ids=[i.id for i in added if i.id],
             input_count=len(run.prepared.inputs),

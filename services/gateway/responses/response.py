@@ -1,12 +1,13 @@
 """The ``Response`` object (openai.types.responses.Response): every field, with the values
-actually used (defaults included), the tools echoed normalised."""
+actually used (defaults included), the tools echoed normalised; and the form it is stored in."""
 
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from openai.types.responses import Response
+from pydantic import BaseModel, ConfigDict, ModelWrapValidatorHandler, PrivateAttr, model_serializer, model_validator
 
 from contracts.messages.parse import Usage
 from services.gateway.responses.request import (
@@ -38,6 +39,33 @@ TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 TERMINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 DEFAULT_TEMPERATURE = 1.0  # gpt-oss's recommended sampling (and the engines' defaults)
 DEFAULT_TOP_P = 1.0
+
+
+class ResponseBody(BaseModel):
+    """A Response object as stored (``store.StoredResponse``): the fields Chorus reads, typed;
+    every other field kept as it came. It is written back (to Redis, to the API) exactly as
+    given, its keys in their order with the typed ones among them: a stored response
+    round-trips byte for byte, and nothing is validated beyond the fields read."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    id: str
+    status: Status
+    background: bool
+    _keys: tuple[str, ...] = PrivateAttr(default=())  # the order the object came in
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_order(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        body = handler(data)
+        if isinstance(data, dict):
+            body._keys = tuple(data)
+        return body
+
+    @model_serializer
+    def _as_given(self) -> dict[str, Any]:
+        given = {**self.__dict__, **(self.__pydantic_extra__ or {})}
+        return {key: given[key] for key in self._keys or given}
 
 
 def _function(t: FunctionToolParam) -> dict[str, Any]:

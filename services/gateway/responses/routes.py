@@ -10,7 +10,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from fastapi import APIRouter, Request, WebSocket
@@ -27,13 +27,13 @@ from services.gateway.responses.background import Background
 from services.gateway.responses.compaction import CompactRequest, compact
 from services.gateway.responses.events import Event
 from services.gateway.responses.items import input_item
-from services.gateway.responses.persist import dump, finish
+from services.gateway.responses.persist import dump, finish, stored_body
 from services.gateway.responses.prepare import prepare
 from services.gateway.responses.request import ResponsesRequest
 from services.gateway.responses.response import TERMINAL_EVENTS
 from services.gateway.responses.run import ResponseRun
 from services.gateway.responses.websocket import Socket
-from services.gateway.store import ResponseStore, StoredResponse
+from services.gateway.store import EventLog, Responses, StoredResponse
 from services.gateway.streaming import ClientGone, EventStream, unless_client_leaves
 from services.gateway.validation import parse_body
 
@@ -69,7 +69,7 @@ async def create_response(request: Request) -> Response:
     seen = run.observe(request)
     if req.background:
         queued = run.response("queued")
-        await store.save_response(StoredResponse(response=orjson.loads(dump(queued))), [])
+        await store.save_response(StoredResponse(response=stored_body(queued)), [])
         background: Background = request.app.state.background
         await background.submit(run)
         return json_response(queued)
@@ -168,7 +168,7 @@ async def _saved(run: ResponseRun) -> bool:
     return True
 
 
-async def _stored(store: ResponseStore, response_id: str) -> StoredResponse:
+async def _stored(store: Responses, response_id: str) -> StoredResponse:
     record = await store.get_response(response_id)
     if record is None:
         raise not_found(f"Response with id '{response_id}' not found.", "response_id")
@@ -193,12 +193,16 @@ async def retrieve_response(
     store = ctx.store_for(request)
     record = await _stored(store, response_id)
     if not stream:
-        return JSONResponse(record.response)
+        return JSONResponse(record.response.model_dump())
     after = starting_after if starting_after is not None else -1
     return EventStream(replay(ctx, store, response_id, after), headers=SSE_HEADERS)
 
 
-async def replay(ctx: GatewayContext, store: ResponseStore, response_id: str, after_seq: int) -> AsyncIterator[bytes]:
+class Replayable(EventLog, Responses, Protocol):
+    """What a replay reads: the event log, and the response when the log has no more."""
+
+
+async def replay(ctx: GatewayContext, store: Replayable, response_id: str, after_seq: int) -> AsyncIterator[bytes]:
     """Stored events after ``after_seq``, then live ones until the terminal event. The first
     read does not wait: a finished response without an event log ends the stream at once."""
     cursor = "0"
@@ -218,7 +222,7 @@ async def replay(ctx: GatewayContext, store: ResponseStore, response_id: str, af
                 return
         if not entries:
             record = await store.get_response(response_id)
-            if record is None or record.response.get("status") in FINISHED:
+            if record is None or record.response.status in FINISHED:
                 return  # gone, or finished without a stored event log (nothing to replay)
 
 
@@ -235,18 +239,18 @@ async def cancel_response(response_id: str, request: Request) -> Any:
     ctx = get_ctx(request)
     store = ctx.store_for(request)
     record = await _stored(store, response_id)
-    if not record.response.get("background"):
+    if not record.response.background:
         raise invalid("Only background responses can be cancelled.", "response_id")
-    if record.response.get("status") in ("queued", "in_progress"):
+    if record.response.status in ("queued", "in_progress"):
         await store.request_cancel(response_id)
         await ctx.bus.publish(ctx.bus.subjects.response_cancel, CancelResponse(response_id=response_id))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             record = await _stored(store, response_id)
-            if record.response.get("status") not in ("queued", "in_progress"):
+            if record.response.status not in ("queued", "in_progress"):
                 break
             await store.read_events(response_id, "$", block_ms=200)
-    return JSONResponse(record.response)
+    return JSONResponse(record.response.model_dump())
 
 
 @router.get("/v1/responses/{response_id}/input_items")
