@@ -27,7 +27,8 @@ from services.gateway.responses.persist import dump, finish, stored_body
 from services.gateway.responses.prepare import Prepared
 from services.gateway.responses.request import McpToolParam, ResponsesRequest
 from services.gateway.responses.response import TERMINAL_EVENTS
-from services.gateway.responses.run import ResponseRun, Resume, RunCheckpoint, Step
+from services.gateway.responses.run import ResponseRun
+from services.gateway.responses.steps import Resume, RunCheckpoint, Step
 from services.gateway.store import EventLog, Jobs, ResponseStore, StoredResponse
 
 log = logging.getLogger("chorus.gateway.background")

@@ -23,7 +23,6 @@ from openai.types.responses import (
     ResponseIncompleteEvent,
     ResponseInProgressEvent,
 )
-from pydantic import BaseModel, Field
 
 from contracts.errors import BusError
 from contracts.messages.items import CompactionItem, ConversationItem, MessageItem
@@ -42,43 +41,11 @@ from services.gateway.responses.output import ItemView, Output
 from services.gateway.responses.prepare import Prepared
 from services.gateway.responses.request import ResponsesRequest
 from services.gateway.responses.response import Status, build_response
+from services.gateway.responses.steps import Resume, RunCheckpoint, Step, added
 from services.gateway.responses.tool_loop import ToolLoop
 from services.gateway.responses.turn_spec import response_format, turn_spec
 
 RunStatus = Literal["in_progress", "completed", "incomplete", "failed", "cancelled"]
-
-
-class RunCheckpoint(BaseModel):
-    """A run's state before a model turn: enough for another replica to continue it."""
-
-    turn: int
-    done: dict[int, ConversationItem]
-    offset: int
-    seq: int
-    usage: Usage
-    calls_run: int = 0
-    history: dict[int, list[ConversationItem]] = Field(default_factory=dict)
-
-
-@dataclass
-class Resume:
-    """Where a taken-over run continues: its last checkpoint, and the parse events and tokens
-    of the turn that was under way."""
-
-    checkpoint: RunCheckpoint | None
-    parsed: list[ParseEvent] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-
-
-@dataclass
-class Step:
-    """One batch of a run: the events to send, and what was behind them."""
-
-    events: list[Event]
-    parsed: list[ParseEvent] = field(default_factory=list)
-    tokens: list[int] = field(default_factory=list)
-    turn: int = 0
-    checkpoint: RunCheckpoint | None = None
 
 
 @dataclass
@@ -367,18 +334,7 @@ class ResponseRun:
         self.tools.history = dict(checkpoint.history)
 
     def _add_usage(self, u: Usage) -> None:
-        a = self.usage
-        cached = (
-            None
-            if a.cached_tokens is None and u.cached_tokens is None
-            else ((a.cached_tokens or 0) + (u.cached_tokens or 0))
-        )
-        self.usage = Usage(
-            prompt_tokens=a.prompt_tokens + u.prompt_tokens,
-            completion_tokens=a.completion_tokens + u.completion_tokens,
-            reasoning_tokens=a.reasoning_tokens + u.reasoning_tokens,
-            cached_tokens=cached,
-        )
+        self.usage = added(self.usage, u)
 
     def fail(self, message: str, code: str = "server_error") -> None:
         self.status = "failed"
