@@ -4,7 +4,6 @@ redis-server processes on free loopback ports in a temporary directory."""
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 import redis
 
 from services.common.infra import ManagedProcess, start_redis_node, start_sentinels
+from tests.waiting import wait_until as wait_until  # the sentinel tests import it from here
 
 SERVICE = "mymaster"
 
@@ -24,13 +24,6 @@ def port_of(url: str) -> int:
 def sentinel_ports(url: str) -> list[int]:
     hosts = url.split("://", 1)[1].split("/", 1)[0]
     return [int(h.rsplit(":", 1)[1]) for h in hosts.split(",")]
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {timeout}s"
-        time.sleep(0.05)
 
 
 def answers(check: Callable[[], bool]) -> Callable[[], bool]:

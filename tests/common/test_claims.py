@@ -27,6 +27,7 @@ from services.common.claims import (
 )
 from services.common.wire import Msg, Wire
 from tests.common.test_wire_servers import NatsServers, Node, nats_servers
+from tests.waiting import until
 
 __all__ = ["nats_servers"]  # the fixture, shared
 
@@ -139,13 +140,15 @@ async def test_expired_claim_is_missing(node: Node, connect: Connect) -> None:
     claims = Claims(await connect(node.url), "CLAIMS_ttl", ttl_s=1.0)
     key = await claims.put(b"short-lived")
     assert await claims.get(key) == b"short-lived"
-    async with asyncio.timeout(10):
-        while True:
-            try:
-                await claims.get(key)
-            except ClaimMissing:
-                break
-            await asyncio.sleep(0.1)  # the server's expiry: no event to await
+
+    async def missing() -> bool:
+        try:
+            await claims.get(key)
+        except ClaimMissing:
+            return True
+        return False
+
+    await until(missing, 10, "the claim gone at its age limit (the server's expiry: no event to await)", every=0.1)
 
 
 async def test_existing_stream_is_brought_to_the_claims_settings(node: Node, connect: Connect) -> None:
@@ -206,13 +209,15 @@ async def test_silent_jetstream_times_out(nats_servers: NatsServers, connect: Co
 # a cluster ----------------------------------------------------------------------------------
 async def lead(wire: Wire, stream: str, server: str) -> None:
     """Until ``server`` is ``stream``'s leader (asked for with a stepdown naming it)."""
-    async with asyncio.timeout(30):
-        while True:
-            info = await api(wire, f"STREAM.INFO.{stream}")
-            if info.get("cluster", {}).get("leader") == server:
-                return
-            await api(wire, f"STREAM.LEADER.STEPDOWN.{stream}", {"placement": {"preferred": server}})
-            await asyncio.sleep(0.2)  # an election: no event to await
+
+    async def leads() -> bool:
+        info = await api(wire, f"STREAM.INFO.{stream}")
+        if info.get("cluster", {}).get("leader") == server:
+            return True
+        await api(wire, f"STREAM.LEADER.STEPDOWN.{stream}", {"placement": {"preferred": server}})
+        return False
+
+    await until(leads, 30, f"{server} leading {stream} (an election: no event to await)", every=0.2)
 
 
 async def test_cluster_claim_outlives_its_node(nats_servers: NatsServers, tmp_path: Path, connect: Connect) -> None:

@@ -10,6 +10,7 @@ from typing import cast
 from contracts.messages.control import Heartbeat
 from services.common.bus import Bus
 from services.common.heartbeat import Peers
+from tests.waiting import until
 
 
 def beat(service: str, instance: str) -> Heartbeat:
@@ -26,6 +27,7 @@ async def test_gateways_get_longer_than_pipeline_instances() -> None:
     peers.on_death(died)
     await peers.observe(beat("parser", "p1"))
     await peers.observe(beat("gateway", "g1"))
+    # sleeps, not waits: the silence is what is under test (its length against each limit)
     await asyncio.sleep(0.1)
     await peers.sweep()
     assert dead == [("parser", "p1")]  # the gateway is only slow so far
@@ -48,6 +50,7 @@ async def test_every_role_of_a_dead_process_dies_with_it() -> None:
     for role in ("encoder", "dispatcher", "parser"):
         await peers.observe(beat(role, "w1"))
     await peers.observe(beat("parser", "p2"))
+    # sleeps, not waits: w1's other roles silent past the 0.05 s limit, its parser role not
     await asyncio.sleep(0.03)
     await peers.observe(beat("parser", "w1"))  # its parser role was heard later than the others
     await peers.observe(beat("parser", "p2"))
@@ -68,11 +71,11 @@ async def test_no_verdicts_after_this_process_stalled() -> None:
     await peers.observe(beat("parser", "p1"))
     runner = asyncio.get_running_loop().create_task(peers.run(0.01))
     try:
-        await asyncio.sleep(0.03)
+        await asyncio.sleep(0.03)  # the runner's first sweeps, before the stall
         time.sleep(0.3)  # noqa: ASYNC251 - the point: this loop blocks, p1's beats go unread
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # the runner's sweeps just after the stall: no verdict from them
         assert dead == []  # the stall is no evidence against p1
-        await asyncio.sleep(0.2)
+        await until(lambda: dead, 2, "p1 found dead in the silence after the stall")
         assert dead == ["p1"]  # silence after the stall is
     finally:
         runner.cancel()
@@ -82,7 +85,7 @@ class BusWithBacklog:
     """A bus whose other subscriptions never catch up (a backlog that outlives the process)."""
 
     async def caught_up(self, timeout: float = 2.0) -> None:
-        await asyncio.sleep(3600)
+        await asyncio.sleep(3600)  # never caught up
 
 
 async def test_a_stopping_peer_still_being_handled_is_let_go_when_this_process_stops() -> None:
@@ -92,7 +95,7 @@ async def test_a_stopping_peer_still_being_handled_is_let_go_when_this_process_s
     await peers.observe(beat("parser", "p1"))
     await peers.observe(Heartbeat(service="parser", instance="p1", interval_s=0.01, stopping=True))
     [handling] = list(peers._stopping)
-    await asyncio.sleep(0.02)
+    await asyncio.sleep(0.02)  # a sleep, not a wait: the handling must not end in this time
     assert not handling.done()  # waiting for the backlog
     runner.cancel()
     await asyncio.wait([runner, handling], timeout=1)

@@ -10,6 +10,7 @@ from pydantic import BaseModel
 
 from services.common.bus import Bus
 from services.common.outbox import Outbox
+from tests.waiting import until
 
 
 class Frame(BaseModel):
@@ -39,10 +40,17 @@ def outbox(bus: FakeBus, window: Any) -> Outbox[int, Frame]:
     return Outbox(cast(Bus, bus), "s", lambda items: Frame(items=items), window=window)
 
 
-async def settle(seconds: float = 0.0) -> None:
-    await asyncio.sleep(seconds)
+async def settle() -> None:
+    """A few turns of the loop, no time: what the outbox's task sends at once has gone by the
+    end, what waits for its window has not (for asserting that it waits)."""
     for _ in range(3):
         await asyncio.sleep(0)
+
+
+async def sent(bus: FakeBus, count: int) -> list[list[int]]:
+    """The items of each frame, once ``count`` frames have gone (a window's frame: its time)."""
+    await until(lambda: len(bus.sent) >= count, 2, f"{count} frames sent")
+    return [items for _, items in bus.sent]
 
 
 async def test_after_a_pause_an_item_goes_at_once_then_fast_ones_share_a_frame() -> None:
@@ -55,8 +63,7 @@ async def test_after_a_pause_an_item_goes_at_once_then_fast_ones_share_a_frame()
         box.put(i)
     await settle()
     assert len(bus.sent) == 1  # inside the window: waiting for company
-    await settle(0.08)
-    assert [items for _, items in bus.sent] == [[1], [2, 3, 4, 5]]
+    assert await sent(bus, 2) == [[1], [2, 3, 4, 5]]
     assert bus.sent[1][0] - bus.sent[0][0] >= 0.045
     await box.close()
 
@@ -101,8 +108,7 @@ async def test_the_window_is_asked_at_each_frame() -> None:
     box.put(4)
     await settle()
     assert len(bus.sent) == 3
-    await settle(0.08)
-    assert [items for _, items in bus.sent][-1] == [3, 4]
+    assert (await sent(bus, 4))[-1] == [3, 4]
     await box.close()
 
 

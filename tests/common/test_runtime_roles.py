@@ -48,7 +48,7 @@ async def test_joined_roles_pause_and_resume_with_the_shared_connection(own_nats
             assert role.peers.is_alive("gateway", "g1")
         assert proc.proc is not None
         os.kill(proc.proc.pid, signal.SIGKILL)  # NATS is gone; g1's beats with it
-        await asyncio.sleep(0.6)  # longer than a gateway may stay silent
+        await asyncio.sleep(0.6)  # a sleep, not a wait: longer than a gateway may stay silent
         for role in (first, joined):
             await role.peers.sweep()
             assert role.peers.is_alive("gateway", "g1"), f"{role.service}: an outage taken for a death"

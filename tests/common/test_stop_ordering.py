@@ -19,6 +19,7 @@ from services.common.heartbeat import Peers
 from services.common.outbox import Outboxes
 from services.common.wire import Msg, Wire
 from services.common.wire_subscription import Callback
+from tests.waiting import until
 
 
 @pytest.fixture
@@ -155,17 +156,14 @@ async def test_outboxes_flush_sends_what_waits_and_stays_open(wire: Wire, subjec
     bus = Bus(wire, Subjects("x"))
     boxes: Outboxes[str, Frame] = Outboxes(bus, lambda items: Frame(items=items), window=60.0)
     boxes.put(subject, "a", urgent=True)
-    await asyncio.sleep(0.05)  # the urgent item went out; the window (60 s) now holds the rest
+    await until(lambda: got, 5, "the urgent item")  # gone; the window (60 s) now holds the rest
     boxes.put(subject, "b")
     boxes.put(subject, "c")
     await boxes.flush()
-    await wire.flush()
-    await asyncio.sleep(0.05)
+    await until(lambda: len(got) >= 2, 5, "the flushed frame")
     assert got == [["a"], ["b", "c"]]
     boxes.put(subject, "d", urgent=True)  # still open
-    await asyncio.sleep(0.05)
-    await wire.flush()
-    await asyncio.sleep(0.05)
+    await until(lambda: len(got) >= 3, 5, "the urgent item after the flush")
     assert got == [["a"], ["b", "c"], ["d"]]
     await boxes.close()
 
@@ -189,8 +187,8 @@ async def test_other_beats_are_heard_while_a_stopping_peer_waits(line: Line) -> 
         await line.sender.publish(frames, b"held")
         await line.beat("p1", stopping=True)
         await line.beat("p2")
-        await asyncio.sleep(0.3)  # well before the 2 s bound on waiting for the held frame
-        assert [p.beat.instance for p in line.peers.alive("parser")] == ["p2"]
+        # heard well before the 2 s bound on waiting for the held frame
+        await until(lambda: [p.beat.instance for p in line.peers.alive("parser")] == ["p2"], 1.5, "p2's beat")
         assert list(died) == []  # p1's held frame is not handled yet
         gate.set()
         assert await died.until(1) == ["p1"]

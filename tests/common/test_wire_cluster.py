@@ -16,6 +16,7 @@ import pytest
 from services.common.infra import free_port
 from services.common.wire import Msg, NoServersAnswered, Wire
 from tests.common.test_wire_servers import Collector, NatsServers, Node, nats_servers
+from tests.waiting import until
 
 __all__ = ["nats_servers"]  # the fixture, shared
 
@@ -62,9 +63,12 @@ def on(wire: Wire) -> int:
 
 async def learnt_all(wire: Wire, nodes: list[Node], timeout: float = 10.0) -> None:
     """Until ``wire`` knows every node (the cluster forms after its nodes start: later INFOs)."""
-    async with asyncio.timeout(timeout):
-        while ports(wire) != {node.port for node in nodes}:  # noqa: ASYNC110 - the servers' INFOs: no event to await
-            await asyncio.sleep(0.02)
+    everyone = {node.port for node in nodes}
+    await until(
+        lambda: ports(wire) == everyone,
+        timeout,
+        lambda: f"the wire knowing every node, {sorted(everyone)} (it knows {sorted(ports(wire))})",
+    )
 
 
 async def listening(publisher: Wire, subscriber: Wire, subject: str) -> None:
@@ -75,13 +79,15 @@ async def listening(publisher: Wire, subscriber: Wire, subject: str) -> None:
         await msg.respond(b"here")
 
     ready = await subscriber.subscribe(f"{subject}.ready", cb=answer)
-    async with asyncio.timeout(10):
-        while True:
-            try:
-                await publisher.request(f"{subject}.ready", timeout=0.5)
-                break
-            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-                await asyncio.sleep(0.02)
+
+    async def answered() -> bool:
+        try:
+            await publisher.request(f"{subject}.ready", timeout=0.5)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return False
+        return True
+
+    await until(answered, 10, f"{subject}'s interest routed to the publisher's node", every=0.02)
     await ready.unsubscribe()
 
 
@@ -91,7 +97,7 @@ async def stream(publisher: Wire, subject: str, at: int, event: Callable[[], Awa
         if i == at:
             await event()
         await publisher.publish(subject, str(i).encode())
-        await asyncio.sleep(0.001)
+        await asyncio.sleep(0.001)  # pacing: a stream under way when the event comes
 
 
 def received_in_order(col: Collector) -> None:
@@ -144,7 +150,7 @@ async def test_a_killed_node_is_replaced_and_nothing_published_is_lost(
     gaps = [later - earlier for earlier, later in zip(col.times, col.times[1:], strict=False)]
     assert max(gaps) < 3.0, max(gaps)
     assert hooks.calls == ["disconnected", "reconnected"] and on(publisher) in {nodes[1].port, nodes[2].port}
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # a sleep, not a wait: no message may arrive a second time in it
     assert len(col.data) == COUNT  # and nothing twice
 
 
@@ -204,5 +210,5 @@ async def test_lame_duck_mode_moves_the_client_without_losing_a_message(
     received_in_order(col)
     assert hooks.calls == ["disconnected", "reconnected"] and on(publisher) in {nodes[1].port, nodes[2].port}
     assert nodes[0].proc.alive() and "lame duck" in nats_servers.log(nodes[0]).lower()
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # a sleep, not a wait: no message may arrive a second time in it
     assert len(col.data) == COUNT

@@ -104,7 +104,7 @@ async def test_a_stream_broken_in_the_handshakes_last_read_is_reconnected(
         else:
             conn.sendall(b"PONG\r\n")
         if len(accepted) == 1:
-            time.sleep(0.2)
+            time.sleep(0.2)  # the server's script: the client connected a moment, then the loss
             conn.close()  # the first connection is lost: reconnect
             return
         while conn.recv(4096):
@@ -144,7 +144,7 @@ async def test_close_releases_a_publisher_held_by_a_stalled_server(
             await wire.publish("a.b", b"x" * 1_000_000)
 
     publisher = asyncio.get_running_loop().create_task(pump())
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # a sleep, not a wait: the publisher must not get through in it
     assert not publisher.done()  # held by back-pressure
     await wire.close()
     async with asyncio.timeout(3):

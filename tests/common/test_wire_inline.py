@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from services.common.wire import Msg, Subscription, Wire
+from tests.waiting import until
 
 VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="unset")
 
@@ -84,6 +85,7 @@ async def arrive(sub: Subscription, cb: Recorder, *data: bytes) -> list[bytes]:
 
 
 async def idle() -> None:
+    """A few turns of the loop, no time: the tasks that can run have run."""
     for _ in range(5):
         await asyncio.sleep(0)
 
@@ -178,10 +180,7 @@ async def test_an_inline_message_never_overtakes_one_that_arrived_before_it_on_a
             sender.publish_nowait(subjects[0], str(i).encode())  # written together: one read
             sender.publish_nowait(subjects[1], str(i).encode())
         await sender.flush()
-        for _ in range(200):
-            if len(order) == 40:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: len(order) >= 40, 2, "the 40 messages handled")
         assert order == [f"{kind} {i}" for i in range(20) for kind in ("cancel", "job")]
     finally:
         await receiver.close()
@@ -200,15 +199,9 @@ async def test_over_a_real_server_messages_arrive_in_order(nats_url: str, inline
         for i in range(1, 8):
             await sender.publish(subject, str(i).encode())
         await sender.flush()
-        for _ in range(200):
-            if len(cb.started) >= 3:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: len(cb.started) >= 3, 2, "the third message's callback started")
         cb.waits[b"3"].set()
-        for _ in range(200):
-            if len(cb.done) == 7:
-                break
-            await asyncio.sleep(0.01)
+        await until(lambda: len(cb.done) >= 7, 2, "the 7 messages handled")
         assert cb.done == [str(i).encode() for i in range(1, 8)]
         assert cb.in_task[0] is not inline  # the first reached an idle subscription
     finally:

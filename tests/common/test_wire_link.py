@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from services.common.wire import Wire
+from tests.waiting import until
 
 
 class Scripted:
@@ -83,7 +84,7 @@ class Hooks:
 
     async def on_reconnected(self) -> None:
         self.calls.append("reconnected")
-        await asyncio.sleep(self.wait)
+        await asyncio.sleep(self.wait)  # a slow hook, for a test that needs one
         self.reconnected.set()
 
 
@@ -132,7 +133,7 @@ async def test_lame_duck_mode_with_no_other_server_keeps_the_connection(scripted
     try:
         await wire.publish("a.b", b"one")
         await wire.flush()
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # a sleep, not a wait: time for a wrong move (there is nowhere to go)
         await wire.publish("a.b", b"two")
         await wire.flush()
         assert wire.is_connected and hooks.calls == [] and b"two" in only.received and only.connections == 1
@@ -149,9 +150,11 @@ async def test_a_connection_lost_while_the_reconnected_hook_runs_is_made_again(s
     hooks = Hooks(reconnected_wait=0.3)  # the second connection drops while this waits
     wire = await Wire.connect(flaky.url, reconnect_time_wait=0.05, ping_interval=100, **hooks.options)
     try:
-        async with asyncio.timeout(5):
-            while flaky.connections < 3 or not wire.is_connected:  # noqa: ASYNC110 - the server's side: no event of ours
-                await asyncio.sleep(0.02)
+        await until(
+            lambda: flaky.connections >= 3 and wire.is_connected,
+            5,
+            "a third connection (the server's side: no event of ours)",
+        )
         assert hooks.calls[:4] == ["disconnected", "reconnected", "disconnected", "reconnected"]
         await wire.publish("a.b", b"back")
         await wire.flush()

@@ -148,20 +148,28 @@ async def test_tls_asked_for_on_a_plain_server_is_an_error(nats_servers: NatsSer
 
 async def test_reconnects_over_tls(nats_servers: NatsServers, pki: Pki, connect: Connect) -> None:
     node = await nats_servers.start(tls_block(pki.server))
-    reconnected = asyncio.Event()
+    disconnected, reconnected = asyncio.Event(), asyncio.Event()
+
+    async def on_disconnect() -> None:
+        disconnected.set()
 
     async def on_reconnect() -> None:
         reconnected.set()
 
     wire = await connect(
-        f"tls://127.0.0.1:{node.port}", tls=tls_context(ca=pki.ca), reconnect_time_wait=0.1, reconnected_cb=on_reconnect
+        f"tls://127.0.0.1:{node.port}",
+        tls=tls_context(ca=pki.ca),
+        reconnect_time_wait=0.1,
+        disconnected_cb=on_disconnect,
+        reconnected_cb=on_reconnect,
     )
     col = Collector()
     subject = f"tls.{uuid.uuid4().hex}"
     await wire.subscribe(subject, cb=col.record)
     await wire.flush()
     node.proc.stop(timeout=2)
-    await asyncio.sleep(0.1)
+    async with asyncio.timeout(5):
+        await disconnected.wait()
     await wire.publish(subject, b"while down")
     await nats_servers.start(tls_block(pki.server), port=node.port)
     async with asyncio.timeout(5):

@@ -27,7 +27,7 @@ async def one_event_at_a_time(server: Tiny, writer: asyncio.StreamWriter, n: int
     for i in range(TOKENS):
         writer.write(chunk(vllm_event([100 + i])))
         await writer.drain()
-        await asyncio.sleep(GAP_S)
+        await asyncio.sleep(GAP_S)  # pacing: the engine's events one at a time
     usage = b'data: {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": %d}}\n\n' % (TOKENS + 1)
     writer.write(chunk(vllm_event([200002], "stop")) + chunk(usage) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
     await writer.drain()

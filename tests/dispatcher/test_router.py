@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from contracts.subjects import Subjects
 from services.common.bus import Bus
@@ -17,6 +17,7 @@ from services.dispatcher.routing.blocks import chain_hashes
 from services.dispatcher.routing.router import Router
 from services.dispatcher.settings import Settings
 from tests.bus import generate_request
+from tests.waiting import until
 
 ENGINES = ["vllm=http://a:8000", "vllm=http://b:8000", "vllm=http://c:8000"]
 SYSTEM = list(range(1000, 1000 + 320))  # 20 blocks shared by every request
@@ -129,13 +130,6 @@ async def joined(nats_url: str, namespace: str, instance: str) -> AsyncIterator[
         await bus.close()
 
 
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Until ``condition`` holds (what another process tells arrives when it arrives)."""
-    async with asyncio.timeout(timeout):
-        while not condition():  # noqa: ASYNC110 - another connection's messages: no event of ours to await
-            await asyncio.sleep(0.01)
-
-
 async def test_every_dispatcher_routes_on_the_same_view(nats_url: str, namespace: str) -> None:
     async with (
         joined(nats_url, namespace, "d1") as (one, engines_1, _),
@@ -143,14 +137,16 @@ async def test_every_dispatcher_routes_on_the_same_view(nats_url: str, namespace
     ):
         homes = {c: send(one, engines_1, c, 0) for c in range(3)}
         # what d1 sent reaches d2: the same conversations go to the same engines from there
-        await until(lambda: all(two.index.size(e.url) == one.index.size(e.url) for e in engines_2))
+        await until(
+            lambda: all(two.index.size(e.url) == one.index.size(e.url) for e in engines_2), 5, "d1's notes at d2"
+        )
         for c in range(3):
             assert send(two, engines_2, c, 1) == homes[c]
         # a generation d2 has in flight loads the engine in d1's view too
         req = generate_request("held", prompt(9, 0))
         engine = two.rank(req, engines_2)[0]
         two.started(req, engine)
-        await until(lambda: engine.url in one.loads())
+        await until(lambda: engine.url in one.loads(), 5, "d2's generation loading the engine in d1's view")
         # a dispatcher started now catches up from a peer
         async with joined(nats_url, namespace, "d3") as (three, engines_3, _):
             assert three.index.size(homes[0]) == one.index.size(homes[0]) > 0
@@ -158,4 +154,5 @@ async def test_every_dispatcher_routes_on_the_same_view(nats_url: str, namespace
             assert send(three, engines_3, 1, 2) == homes[1]
         # d2 dies: its generation no longer loads the engine
         one.on_dispatcher_death("d2")
-        await until(lambda: engine.url not in one.loads())  # (d3's last notes may still be on their way)
+        # (d3's last notes may still be on their way)
+        await until(lambda: engine.url not in one.loads(), 5, "the engine unloaded in d1's view after d2's death")

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 import uuid
@@ -25,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from services.common.infra import ManagedProcess, free_port, wait_for_port
 from tests.leftovers import LOGS
+from tests.waiting import wait_until
 
 MODEL = "openai/gpt-oss-20b"
 Samples = dict[str, list[tuple[dict[str, str], float]]]  # /metrics: sample name -> (labels, value)
@@ -70,18 +70,22 @@ class RunningStack:
         pairs. A scrape waits a moment for each instance's answer and serves without the late
         ones (a loaded machine): such a scrape is taken again, so that a counter compared across
         two scrapes never seems to grow from nothing."""
-        deadline = time.monotonic() + 10
-        while True:
+        answered: set[str | None] = set()
+
+        def whole() -> Samples | None:
             resp = httpx.get(f"{self.base_url}/metrics", timeout=30)
             assert resp.status_code == 200, resp.text
             out: Samples = {}
             for family in text_string_to_metric_families(resp.text):
                 for sample in family.samples:
                     out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-            answered = {labels.get("service") for samples in out.values() for labels, _ in samples}
-            if answered >= set(SCRAPED[self.split]) or time.monotonic() > deadline:
-                return out
-            time.sleep(0.2)
+            answered.clear()
+            answered.update(labels.get("service") for samples in out.values() for labels, _ in samples)
+            return out if answered >= set(SCRAPED[self.split]) else None
+
+        return wait_until(
+            whole, 20, lambda: f"a scrape with every service of {SCRAPED[self.split]} (had {answered})", every=0.2
+        )
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples of ``name`` in the gateway's /metrics that carry ``labels``."""
@@ -112,13 +116,11 @@ class RunningStack:
 
     def wait_engine(self, predicate: Callable[[EngineRecord], object], timeout: float = 10.0) -> EngineRecord:
         """Wait until the engine has recorded a request for which ``predicate`` is truthy."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for record in self.engine_requests():
-                if predicate(record):
-                    return record
-            time.sleep(0.05)
-        raise AssertionError(f"the engine never recorded a matching request: {self.engine_requests()[-3:]}")
+        return wait_until(
+            lambda: next((record for record in self.engine_requests() if predicate(record)), None),
+            timeout,
+            lambda: f"the engine recording a matching request (its last: {self.engine_requests()[-3:]})",
+        )
 
     def engine_prompt(self, request_id: str) -> str:
         """The prompt text the engine received for the (last) generation of ``request_id``
@@ -150,19 +152,19 @@ class RunningStack:
     def wait_children(self, needle: str, count: int, timeout: float = 30.0) -> list[int]:
         """The pids of ``count`` children matching ``needle``, once there are that many (a
         child killed twice within half a minute is restarted after a delay)."""
-        deadline = time.monotonic() + timeout
-        while len(pids := self.children(needle)) != count and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert len(pids) == count, f"{len(pids)} processes match {needle!r}, not {count}\n{self.logs()}"
+        pids: list[int] = []
+
+        def counted() -> bool:
+            pids[:] = self.children(needle)
+            return len(pids) == count
+
+        wait_until(counted, timeout, lambda: f"{count} processes matching {needle!r}, not {len(pids)}\n{self.logs()}")
         return pids
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if _health(self.base_url)[0] == 200:
-                return
-            time.sleep(0.1)
-        raise TimeoutError(f"stack {self.name} not healthy again\n{self.logs()}")
+        wait_until(
+            lambda: _health(self.base_url)[0] == 200, timeout, lambda: f"stack {self.name} healthy again\n{self.logs()}"
+        )
 
     def log(self, name: str) -> str:
         """One process's whole log (``gateway``, ``worker-1``, ``up`` ...)."""
@@ -282,19 +284,21 @@ def start_stack(
         redis_url,
         split="--split" in (extra_args or []),
     )
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
+
+    def up() -> bool:
         if proc.poll() is not None:
-            stack.stop()
             raise RuntimeError(f"chorus up exited with {proc.returncode}\n{stack.logs()}")
         status, body = _health(stack.base_url)
-        if status == 200 or (
-            not expect_ready and status == 503 and body.get("services", {}).get("parser", {}).get("ready")
-        ):
-            return stack
-        time.sleep(0.1)
-    stack.stop()
-    raise TimeoutError(f"stack {name} not healthy in time\n{stack.logs()}")
+        return status == 200 or (
+            not expect_ready and status == 503 and bool(body.get("services", {}).get("parser", {}).get("ready"))
+        )
+
+    try:
+        wait_until(up, 90, lambda: f"stack {name} healthy\n{stack.logs()}", every=0.1)
+    except BaseException:
+        stack.stop()
+        raise
+    return stack
 
 
 class Stacks:

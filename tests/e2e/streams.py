@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import openai
 
 from tests.e2e.conftest import MODEL, RunningStack
+from tests.waiting import until
 
 STREAMS = 8
 # ~300 answer tokens at 8 ms a token: a stream lasts about 2.5 s, long enough to be cut
@@ -28,7 +29,8 @@ class Streamed:
     error: str | None = None
 
 
-async def chat_stream(client: openai.AsyncOpenAI, i: int) -> Streamed:
+async def chat_stream(client: openai.AsyncOpenAI, i: int, begun: set[int] | None = None) -> Streamed:
+    """Stream ``i``; it is added to ``begun`` at its first text."""
     reasoning, content, pause = [], [], 0.0
     stream = await client.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": PROMPT.format(i=i)}], stream=True
@@ -41,10 +43,13 @@ async def chat_stream(client: openai.AsyncOpenAI, i: int) -> Streamed:
             delta = chunk.choices[0].delta
             content.append(delta.content or "")
             reasoning.append((delta.model_extra or {}).get("reasoning_content") or "")
+            if begun is not None and (content[-1] or reasoning[-1]):
+                begun.add(i)
     return Streamed("".join(reasoning), "".join(content), pause)
 
 
-async def responses_stream(client: openai.AsyncOpenAI, i: int) -> Streamed:
+async def responses_stream(client: openai.AsyncOpenAI, i: int, begun: set[int] | None = None) -> Streamed:
+    """Stream ``i``; it is added to ``begun`` at its first text."""
     reasoning, content, pause = [], [], 0.0
     error = None
     stream = await client.responses.create(model=MODEL, input=PROMPT.format(i=i), stream=True)
@@ -56,6 +61,8 @@ async def responses_stream(client: openai.AsyncOpenAI, i: int) -> Streamed:
             content.append(event.delta)
         elif event.type == "response.reasoning_text.delta":
             reasoning.append(event.delta)
+        if begun is not None and event.type in ("response.output_text.delta", "response.reasoning_text.delta"):
+            begun.add(i)
         elif event.type == "response.completed":
             # the stored answer says the same as the stream
             assert event.response.output_text == "".join(content)
@@ -70,9 +77,16 @@ async def run_streams(
     """``count`` streams at once; ``during()`` runs once they are all well under way."""
     client = stack.async_client()
     fn = chat_stream if api == "chat" else responses_stream
-    tasks = [asyncio.create_task(fn(client, i)) for i in range(count)]
+    begun: set[int] = set()
+    tasks = [asyncio.create_task(fn(client, i, begun)) for i in range(count)]
     if during is not None:
-        await asyncio.sleep(1.0)  # the streams are a third of the way through
+        # every stream sending text (or one ended already: gather says how), then a pause
+        await until(
+            lambda: len(begun) == count or any(task.done() for task in tasks),
+            60,
+            lambda: f"every stream sending text (began: {sorted(begun)})",
+        )
+        await asyncio.sleep(0.8)  # a pause, not a wait: about 100 of 300 tokens, a third of the way through
         during()
     return list(await asyncio.gather(*tasks))
 

@@ -3,7 +3,6 @@ the test process, the whole stack from `chorus up`, the official openai client."
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 
@@ -24,6 +23,7 @@ from openai.types.responses.tool_param import CodeInterpreter, Mcp, McpAllowedTo
 
 from tests.e2e.conftest import MODEL, RunningStack, Stacks
 from tests.mcp_servers import hanging_server, serve_mcp, silent_port
+from tests.waiting import until
 
 
 def error_text(call: McpCall) -> str:
@@ -303,9 +303,13 @@ async def test_mcp_credentials_are_used_and_never_echoed_logged_or_stored_in_cle
         queued = await client.responses.create(
             model=MODEL, input="Please add two numbers with add", tools=[tool], background=True
         )
-        while queued.status in ("queued", "in_progress"):
-            await asyncio.sleep(0.1)
-            queued = await client.responses.retrieve(queued.id)
+        queued_id = queued.id
+
+        async def finished() -> Response | None:
+            got = await client.responses.retrieve(queued_id)
+            return None if got.status in ("queued", "in_progress") else got
+
+        queued = await until(finished, 60, "the background response finished", every=0.1)
     assert resp.status == queued.status == "completed"
     assert f"Bearer {token}" in server.headers_seen("authorization")
     assert key in server.headers_seen("x-api-key")

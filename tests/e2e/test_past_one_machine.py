@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from services.common.infra import ManagedProcess, free_port, nats_server_binary,
 from tests.e2e.conftest import MODEL, RunningStack, start_stack
 from tests.e2e.streams import kill, run_streams
 from tests.redis_topology import Topology, topology
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -73,10 +73,8 @@ def start_cluster(directory: Path, size: int = 3) -> list[NatsNode]:
         nodes.append(NatsNode(port, monitor, proc))
     for node in nodes:
         wait_for_port("127.0.0.1", node.port, node.proc)
-    deadline = time.monotonic() + 30
-    while not all(jetstream_ready(n) for n in nodes):  # a meta leader elected, seen by every node
-        assert time.monotonic() < deadline, "the cluster's JetStream never got a leader"
-        time.sleep(0.2)
+    # a meta leader elected, seen by every node
+    wait_until(lambda: all(jetstream_ready(n) for n in nodes), 30, "the cluster's JetStream with a leader", every=0.2)
     return nodes
 
 

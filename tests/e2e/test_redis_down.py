@@ -5,7 +5,6 @@ responses are there and storing works again."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ import redis
 
 from services.common.infra import ManagedProcess, free_port, start_redis
 from tests.e2e.conftest import MODEL, RunningStack, start_stack
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +45,12 @@ def flush(port: int) -> None:
     """Everything written so far is on disk (the append-only file is rewritten and synced)."""
     r = redis.Redis(port=port)
     r.bgrewriteaof()
-    while r.info("persistence")["aof_rewrite_in_progress"] or r.info("persistence")["aof_rewrite_scheduled"]:
-        time.sleep(0.05)
+
+    def rewritten() -> bool:
+        persistence = r.info("persistence")
+        return not (persistence["aof_rewrite_in_progress"] or persistence["aof_rewrite_scheduled"])
+
+    wait_until(rewritten, 30, "the append-only file rewritten")
     r.close()
 
 
@@ -82,10 +86,12 @@ def test_storage_down_then_back(
 
     proc, _ = start_redis(port, data_dir=redis_dir)  # back, with its data
     procs.append(proc)
-    deadline = time.monotonic() + 20
-    while http.post("/v1/responses", json={"model": MODEL, "input": "again"}).status_code != 200:
-        assert time.monotonic() < deadline, "storing did not work again after Redis came back"
-        time.sleep(0.5)
+    wait_until(
+        lambda: http.post("/v1/responses", json={"model": MODEL, "input": "again"}).status_code == 200,
+        20,
+        "storing working again after Redis came back",
+        every=0.5,
+    )
     assert http.get(f"/v1/responses/{kept.json()['id']}").json()["output"] == kept.json()["output"]
     http.close()
 

@@ -6,7 +6,6 @@ those prompt tokens as cached), first turns arriving together spread over the en
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ import pytest
 
 from services.common.infra import ManagedProcess, free_port
 from tests.e2e.conftest import MODEL, RunningStack, start_sim_engine, start_stack
+from tests.waiting import wait_until
 
 DOCUMENT = " ".join(f"fact{i} is about item {i * 7 % 101}." for i in range(400))  # ~3k tokens
 
@@ -92,8 +92,9 @@ def test_a_conversation_stays_on_the_engine_that_holds_it(routed: Fleet) -> None
         for request_id, cached in conversation[1:]:
             assert routed.served_by(request_id) == home, (home, conversation)
             assert cached > 2000, conversation  # the engine found the history in its cache
+
     # the decisions by reason (a scrape may miss a slow worker's answer: taken until whole)
-    deadline = time.monotonic() + 10
-    while (cache := routed.stack.metric("chorus_routing_decisions_total", reason="cache")) < 12:
-        assert time.monotonic() < deadline, cache
-        time.sleep(0.2)
+    def by_cache() -> float:
+        return routed.stack.metric("chorus_routing_decisions_total", reason="cache")
+
+    wait_until(lambda: by_cache() >= 12, 10, lambda: f"12 routing decisions by cache, not {by_cache()}", every=0.2)

@@ -54,11 +54,12 @@ async def test_the_first_bytes_leave_before_any_other_task_runs() -> None:
 async def test_a_client_that_leaves_cancels_the_body_and_the_response_ends_quietly() -> None:
     client = Client()
     cleaned: list[str] = []
-    forever = asyncio.Event()
+    forever, waiting = asyncio.Event(), asyncio.Event()
 
     async def body() -> AsyncIterator[bytes]:
         try:
             yield b"data: 1\n\n"
+            waiting.set()
             await forever.wait()  # a generation waiting for its next token
             yield b"data: never\n\n"
         finally:
@@ -67,7 +68,7 @@ async def test_a_client_that_leaves_cancels_the_body_and_the_response_ends_quiet
     streaming = asyncio.get_running_loop().create_task(
         EventStream(body())({"type": "http"}, client.receive, client.send)
     )
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(waiting.wait(), 2)
     client.leave.set()
     await asyncio.wait_for(streaming, 2)  # returns: no CancelledError escapes
     assert not streaming.cancelled() and streaming.exception() is None
@@ -82,17 +83,18 @@ async def test_a_failing_body_is_raised_and_a_cancel_from_elsewhere_is_not_swall
     with pytest.raises(RuntimeError):
         await EventStream(broken())({"type": "http"}, Client().receive, Client().send)
 
-    forever = asyncio.Event()
+    forever, waiting = asyncio.Event(), asyncio.Event()
 
-    async def waiting() -> AsyncIterator[bytes]:
+    async def waits() -> AsyncIterator[bytes]:
         yield b"data: 1\n\n"
+        waiting.set()
         await forever.wait()
         yield b""
 
     streaming = asyncio.get_running_loop().create_task(
-        EventStream(waiting())({"type": "http"}, Client().receive, Client().send)
+        EventStream(waits())({"type": "http"}, Client().receive, Client().send)
     )
-    await asyncio.sleep(0.01)
+    await asyncio.wait_for(waiting.wait(), 2)
     streaming.cancel()  # e.g. the server stopping: not the client leaving
     with pytest.raises(asyncio.CancelledError):
         await streaming

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from tests.infra.cli_process import (
     engine_url,
     up,
 )
+from tests.waiting import wait_until
 
 
 @dataclass
@@ -108,9 +108,8 @@ def test_json_logs_from_every_service(pair: Pair) -> None:
     request_id = resp.headers["x-request-id"]
     assert pair.a.log_dir is not None
     gateway_log = pair.a.log_dir / "gateway.log"
-    deadline = time.monotonic() + 10
-    while request_id not in gateway_log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)  # the access line is written once the response is sent
+    # the access line is written once the response is sent
+    wait_until(lambda: request_id in gateway_log.read_text(), 10, "the request's access line in gateway.log")
     logs = {f.stem: f.read_text() for f in pair.a.log_dir.glob("*.log")}
     assert {"gateway", "worker-1", "tools", "sim-engine"} <= set(logs)
     for name, text in logs.items():

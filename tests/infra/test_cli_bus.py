@@ -22,6 +22,7 @@ import pytest
 
 from services.common.infra import ensure_nats, ensure_redis, free_port, port_open
 from tests.infra.cli_process import FAIL_FAST_S, READY_WITHIN_S, ROOT, STOP_WITHIN_S, Chorus, _env, _running, up
+from tests.waiting import wait_until
 
 
 async def _refuses_strangers(url: str) -> bool:
@@ -185,10 +186,8 @@ def test_an_encoder_killed_outright_takes_its_render_processes_along(nats_url: s
         assert workers, "the encoder has a render process"
         encoder.proc.kill()
         encoder.finish(10)
-        deadline = time.monotonic() + 10
-        while any(_running(pid) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.05)  # the kernel's SIGTERM to an orphan: nothing to wait on but its pid
-        assert not any(_running(pid) for pid in workers)
+        # the kernel's SIGTERM to an orphan: nothing to wait on but its pid
+        wait_until(lambda: not any(_running(pid) for pid in workers), 10, "the render processes gone with the encoder")
     finally:
         encoder.kill()
 

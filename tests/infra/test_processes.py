@@ -24,6 +24,7 @@ import redis
 from contracts.subjects import Subjects
 from services.common.infra import free_port, nats_server_binary, port_open, redis_server_binary
 from tests.infra.compose import INFRA, command, resolved_environment, services
+from tests.waiting import wait_until
 
 PASSWORD = "s3cret with spaces, 'quotes' and {braces}"  # taken literally by the compose flags
 # the services' NATS: credentials in the environment (CHORUS_NATS_USER / CHORUS_NATS_PASSWORD)
@@ -38,13 +39,16 @@ async def _quiet(_: Exception) -> None:
 
 
 def _wait(condition: Any, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
+    """Until ``condition()``; failing at once when ``proc`` exits meanwhile."""
+
+    def holds() -> bool:
+        if condition():
+            return True
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"{what}: the process exited with {proc.returncode}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:g}s")
-        time.sleep(0.1)
+        return False
+
+    wait_until(holds, timeout, what, every=0.1)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

@@ -24,7 +24,7 @@ async def test_idle_sessions_expire_and_the_worker_becomes_idle() -> None:
     await sessions.on_tokens(TokenFrame(batches=[opening]))
     assert len(sessions) == 1 and not sessions.idle.is_set()
     assert sessions.expire(60.0) == 0  # recently touched: kept
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # a sleep, not a wait: the session's idle time is what expiry reads
     assert sessions.expire(0.01) == 1
     assert len(sessions) == 0 and sessions.idle.is_set()
     # tokens for the expired generation are dropped, not a new session
@@ -54,11 +54,11 @@ async def test_draining_waits_for_a_quiet_moment_and_finishes_late_generations()
     bus = SentBus()
     sessions = Sessions(cast(Bus, bus), "w1")
     draining = asyncio.create_task(sessions.drain(quiet=0.3))
-    await asyncio.sleep(0.1)
+    await asyncio.sleep(0.1)  # a sleep, not a wait: the drain must not end within this time
     assert not draining.done()  # idle from the start, but not quiet for long enough yet
     late = TokenBatch(generation_id="g2", offset=0, token_ids=[], open=ParseSpec(request_id="r2"), gateway="gw")
     await sessions.on_tokens(TokenFrame(batches=[late]))
-    await asyncio.sleep(0.4)
+    await asyncio.sleep(0.4)  # longer than the quiet period: the open generation alone holds the drain
     assert not draining.done()  # quiet long since, but the late generation is still open
     done = TokenBatch(generation_id="g2", offset=0, done=True, finish_reason="stop")
     await sessions.on_tokens(TokenFrame(batches=[done]))

@@ -30,6 +30,7 @@ from services.simengine.settings import Settings as SimSettings
 from services.worker.app import run
 from services.worker.settings import Settings
 from tests.bus import ByGeneration, Tap, adapter, client, job, running
+from tests.waiting import until
 
 ROLES = ("encoder", "dispatcher", "parser")
 
@@ -105,12 +106,19 @@ async def test_a_prompt_rendered_while_draining_goes_over_the_bus(
     """A long prompt renders in the pool; the worker is told to stop meanwhile: its dispatcher
     takes no new work, so the rendered request is published for another dispatcher."""
     async with worker(
-        nats_url, namespace, sim, inline_render_chars=1000, context_length=2_000_000, drain_timeout_s=20
+        nats_url,
+        namespace,
+        sim,
+        inline_render_chars=1000,
+        context_length=2_000_000,
+        drain_timeout_s=20,
+        heartbeat_interval_s=0.05,
     ) as w:
         g = f"drained-{uuid.uuid4().hex[:8]}"
         text = " ".join(f"word{i % 5000}" for i in range(200_000))  # a render of about a second
         await w.bus.publish(w.bus.subjects.jobs, job(g, text))
-        await asyncio.sleep(0.2)  # taken, still rendering
+        # taken, still rendering: the encoder's beats count it in flight
+        await until(lambda: any(b.load for b in w.beats["encoder"].seen), 10, "the worker's encoder taking the job")
         w.stop.set()
         request = await asyncio.wait_for(w.generate.get(), 20)
         assert request.generation_id == g and len(request.prompt_token_ids) > 200_000
