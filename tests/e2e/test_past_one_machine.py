@@ -55,8 +55,29 @@ class NatsNode:
         return answer
 
 
-def start_cluster(directory: Path, size: int = 3) -> list[NatsNode]:
-    """``size`` nats-servers routed to each other, JetStream on each (its own store)."""
+def start_cluster(directory: Path, size: int = 3, attempts: int = 3) -> list[NatsNode]:
+    """``size`` nats-servers routed to each other, JetStream on each (its own store), with a
+    JetStream meta leader. Ports are picked free and then bound by the servers, so another
+    process can take one in between: a cluster that does not come up is stopped and started
+    again on fresh ports, and the last try's failure carries every node's log."""
+    for attempt in range(attempts):
+        nodes = _launch_cluster(directory / f"try-{attempt}", size)
+        try:
+            for node in nodes:
+                wait_for_port("127.0.0.1", node.port, node.proc)
+            wait_until(lambda up=nodes: all(jetstream_ready(n) for n in up), 30, "the cluster's JetStream", every=0.2)
+            return nodes
+        except (AssertionError, RuntimeError, TimeoutError) as exc:
+            for node in nodes:
+                node.proc.stop()
+            if attempt == attempts - 1:
+                logs = "\n".join(f"--- {f.name}\n{f.read_text()[-2000:]}" for f in sorted(directory.rglob("*.log")))
+                raise AssertionError(f"no NATS cluster in {attempts} tries: {exc}\n{logs}") from exc
+    raise AssertionError("unreachable")
+
+
+def _launch_cluster(directory: Path, size: int) -> list[NatsNode]:
+    directory.mkdir(parents=True)
     ports = [(free_port(), free_port(), free_port()) for _ in range(size)]
     nodes = []
     for i, (port, cport, monitor) in enumerate(ports):
@@ -71,10 +92,6 @@ def start_cluster(directory: Path, size: int = 3) -> list[NatsNode]:
         proc = ManagedProcess(f"nats-{i}", [nats_server_binary(), "-c", str(conf)])
         proc.start(directory / f"nats-{i}.log")
         nodes.append(NatsNode(port, monitor, proc))
-    for node in nodes:
-        wait_for_port("127.0.0.1", node.port, node.proc)
-    # a meta leader elected, seen by every node
-    wait_until(lambda: all(jetstream_ready(n) for n in nodes), 30, "the cluster's JetStream with a leader", every=0.2)
     return nodes
 
 
