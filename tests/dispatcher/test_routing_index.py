@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.common.kv_events import AllBlocksCleared, BlockHash, BlockRemoved, BlockStored
 from services.dispatcher.routing import PrefixIndex, chain_hashes
+from services.dispatcher.routing.blocks import RecentChains
 
 BS = 4
 PROMPT = list(range(100, 124))  # 6 blocks of 4
@@ -34,6 +37,20 @@ def test_only_full_blocks_are_hashed() -> None:
     assert chain_hashes(PROMPT + [1, 2, 3], BS) == CHAIN
     with pytest.raises(ValueError):
         chain_hashes(PROMPT, 0)
+
+
+@given(
+    base=st.lists(st.integers(0, 201_087), max_size=200),
+    more=st.lists(st.lists(st.integers(0, 201_087), max_size=60), max_size=4),
+    cut=st.integers(0, 200),
+    size=st.sampled_from([1, 4, 16]),
+)
+def test_recent_chains_hash_as_chain_hashes(base: list[int], more: list[list[int]], cut: int, size: int) -> None:
+    """A prompt that extends a recent one (or not), of any block size: the same chain."""
+    recent = RecentChains(size=3)
+    prompts = [base, *([*base, *extra] for extra in more), base[:cut], [*base[:cut], 7, *base[cut:]]]
+    for prompt in prompts:
+        assert recent.hashes(prompt, size) == chain_hashes(prompt, size)
 
 
 def test_hashes_differ_by_token_and_position() -> None:

@@ -90,6 +90,39 @@ def chain_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     return extend(parent, token_bytes(token_ids), count, block_size) if count else []
 
 
+class RecentChains:
+    """The chains of the last ``size`` prompts hashed, so that a prompt that starts with one of
+    them whole (a conversation's next turn: the previous prompt, then the answer and what
+    followed) hashes only its new blocks. A memcmp per remembered prompt, stopping at the first
+    byte that differs, against a BLAKE2b per block."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._recent: list[tuple[int, bytes, list[int]]] = []  # (block size, full blocks' bytes, chain)
+
+    def hashes(self, token_ids: Sequence[int], block_size: int) -> list[int]:
+        parent = seed(block_size)
+        count = len(token_ids) // block_size
+        if not count:
+            return []
+        data = token_bytes(token_ids)[: count * 4 * block_size]
+        known: list[int] = []
+        for i in range(len(self._recent) - 1, -1, -1):
+            size, prefix, chain = self._recent[i]
+            if size == block_size and len(chain) > len(known) and data.startswith(prefix):
+                known = chain
+                if len(chain) == count:
+                    break
+        if known:
+            parent = hash_bytes(known[-1])
+        rest = data[len(known) * 4 * block_size :]
+        chain = known + extend(parent, rest, count - len(known), block_size) if count > len(known) else known
+        self._recent.append((block_size, data, chain))
+        if len(self._recent) > self.size:
+            del self._recent[0]
+        return chain
+
+
 # -- snapshots: hashes as compact text (JSON and msgpack take str) --
 
 

@@ -72,6 +72,7 @@ class PrefixIndex:
         self.default_capacity = capacity
         self.orphans = 0  # stored blocks whose parent was unknown (skipped)
         self.ignored = 0  # stored blocks with a LoRA, or without their full tokens (skipped)
+        self._recent = hashing.RecentChains()  # prompts hashed lately: a next turn hashes its new blocks
         self._clear()
 
     def _clear(self) -> None:
@@ -299,7 +300,7 @@ class PrefixIndex:
     def chains(self, token_ids: Sequence[int], engines: Iterable[str] | None = None) -> dict[int, list[int]]:
         """The prompt's chain for each block size of ``engines`` (default all)."""
         sizes = {e.block_size for e in self._selected(engines)} or {self.default_block_size}
-        return {size: hashing.chain_hashes(token_ids, size) for size in sorted(sizes)}
+        return {size: self._recent.hashes(token_ids, size) for size in sorted(sizes)}
 
     def cached_tokens(
         self, chains: Mapping[int, Sequence[int]], engines: Iterable[str] | None = None
