@@ -41,6 +41,9 @@ class ErrorCode(StrEnum):
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
     INTERNAL = "internal_error"
+    # between services only: an encoder does not have the prompt a request continues (the
+    # gateway sends the whole conversation instead)
+    CONTINUATION_UNKNOWN = "continuation_unknown"
 
     @property
     def http_status(self) -> int:
@@ -79,6 +82,7 @@ _HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.TIMEOUT: 504,
     ErrorCode.CANCELLED: 499,
     ErrorCode.INTERNAL: 500,
+    ErrorCode.CONTINUATION_UNKNOWN: 503,
 }
 
 

@@ -46,6 +46,17 @@ class ResponseFormat(Contract):
     strict: bool = False
 
 
+class PromptContinuation(Contract):
+    """The request continues a prompt this encoder rendered before and remembered (that
+    request's ``remember``; ``key`` is its generation id): its first ``length`` items were that
+    prompt's, and ``items`` holds only the ones after them. An encoder that no longer has it, or
+    for which the new items change what the remembered part renders to, answers
+    ``continuation_unknown``: the gateway then sends the whole conversation."""
+
+    key: str
+    length: int = Field(ge=0)
+
+
 class EncodeRequest(Contract):
     model: str
     items: list[ConversationItem]
@@ -62,6 +73,10 @@ class EncodeRequest(Contract):
     # "auto": a conversation longer than the context loses its oldest messages (Responses'
     # truncation); "disabled": it is refused (context_length_exceeded)
     truncation: Literal["disabled", "auto"] = "disabled"
+    # keep the rendered prompt (in the encoder that rendered it) for a later request to
+    # continue: a WebSocket chain's next turn, a response's next model turn
+    remember: bool = False
+    continues: PromptContinuation | None = None
 
 
 class CountRequest(Contract):

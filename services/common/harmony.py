@@ -28,6 +28,7 @@ RETURN = 200002
 CALL = 200012
 ENDOFTEXT = 199999
 ASSISTANT_STOP_TOKENS = (RETURN, CALL)
+FINAL = 17196  # "final", the channel name after <|channel|> in a final answer's header
 
 
 class VocabularyError(RuntimeError):

@@ -126,6 +126,15 @@ RECOVERIES = Counter(
     "chorus_parser_recoveries_total", "Malformed model output repaired, by kind", ["kind"], registry=REGISTRY
 )
 
+# -- encoder ------------------------------------------------------------------------------------
+RENDERS = Counter(
+    "chorus_encoder_renders_total",
+    "Prompts rendered, by kind: whole, continued (only the items after a remembered prompt), "
+    "unknown (a continuation the encoder could not use: the gateway sent the whole conversation)",
+    ["kind"],
+    registry=REGISTRY,
+)
+
 # -- dispatcher: engines' KV cache events -----------------------------------------------------
 KV_EVENTS = Counter(
     "chorus_kv_events_total",

@@ -50,6 +50,7 @@ class EncodedPrompt:
     stop_token_ids: list[int]
     selection_text: str  # the last user message's text, for worker selection
     render_ms: float = 0.0
+    prefix_len: int = 0  # the system and developer messages' tokens, at the start
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +306,7 @@ def _tool_output(tool: str) -> Frame:
     return Frame(Role.TOOL, channel="commentary", recipient="assistant", tool=tool)
 
 
-def _kept(items: list[ConversationItem]) -> list[ConversationItem]:
+def kept(items: list[ConversationItem]) -> list[ConversationItem]:
     """Harmony drops chain-of-thought from turns that ended in a final answer: reasoning before
     the last assistant final-channel message is dropped; the current turn's is kept."""
     last_final = -1
@@ -349,9 +350,14 @@ def prefix_tokens(
 def body_messages(req: EncodeRequest) -> list[tuple[Frame, str]]:
     """The conversation after the developer message: each message's frame, and its content text
     (rendered separately, in linear time)."""
+    return messages_of(kept(list(req.items)), {})
+
+
+def messages_of(items: list[ConversationItem], recipients: dict[str, str]) -> list[tuple[Frame, str]]:
+    """``items`` as messages; ``recipients`` maps the calls met so far to the tool each called
+    (a tool's output is written by it), and learns the calls among ``items``."""
     messages: list[tuple[Frame, str]] = []
-    recipients: dict[str, str] = {}  # call_id -> recipient, for tool outputs
-    for item in _kept(list(req.items)):
+    for item in items:
         if isinstance(item, MessageItem):
             if item.role == "user":
                 messages.append((USER, item.content))
@@ -362,7 +368,7 @@ def body_messages(req: EncodeRequest) -> list[tuple[Frame, str]]:
             if item.text:
                 messages.append((Frame(Role.ASSISTANT, channel="analysis"), item.text))
         elif isinstance(item, FunctionCallItem):
-            recipient = _recipient(item.namespace, item.name)
+            recipient = recipient_of(item)
             recipients[item.call_id] = recipient
             messages.append((_call(recipient), item.arguments or "{}"))
         elif isinstance(item, FunctionCallOutputItem):
@@ -378,6 +384,10 @@ def body_messages(req: EncodeRequest) -> list[tuple[Frame, str]]:
                 messages.append((_tool_output(recipient), result))
         # mcp_list_tools and approval items are bookkeeping, not prompt text
     return messages
+
+
+def recipient_of(call: FunctionCallItem) -> str:
+    return _recipient(call.namespace, call.name)
 
 
 def selection_text(items: Iterable[ConversationItem]) -> str:

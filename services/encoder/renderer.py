@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from openai_harmony import HarmonyEncoding, Role
 
 from contracts.messages.encode import EncodeRequest
-from contracts.messages.items import CompactionItem, MessageItem
+from contracts.messages.items import CompactionItem, ConversationItem, MessageItem
 from services.common.harmony import ASSISTANT_STOP_TOKENS, START
 from services.encoder.render import (
     EncodedPrompt,
@@ -24,6 +24,8 @@ from services.encoder.render import (
     body_messages,
     encode_within,
     invalid,
+    kept,
+    messages_of,
     prefix_tokens,
     selection_text,
     too_long,
@@ -67,6 +69,7 @@ class Renderer:
         t0 = time.perf_counter()
         try:
             tokens = list(self.prefix(req, today, limit))
+            prefix_len = len(tokens)
             messages = body_messages(req)
             if req.truncation == "auto" and limit is not None:
                 # below the limit (a prompt of exactly ``limit`` tokens leaves no room at all)
@@ -85,7 +88,23 @@ class Renderer:
             stop_token_ids=list(ASSISTANT_STOP_TOKENS),
             selection_text=selection_text(req.items),
             render_ms=(time.perf_counter() - t0) * 1000,
+            prefix_len=prefix_len,
         )
+
+    @property
+    def assistant(self) -> list[int]:
+        """What every prompt ends with: the start of the assistant's message."""
+        return self._assistant
+
+    def tail(self, items: list[ConversationItem], recipients: dict[str, str], room: int) -> list[int]:
+        """The messages of ``items``, the part of a conversation after a remembered prompt (see
+        ``continuations.py``), as tokens; ``PastLimit`` once they take ``room``."""
+        tokens: list[int] = []
+        for frame, text in messages_of(kept(items), recipients):
+            tokens += self.message(frame, text, room - len(tokens))
+            if len(tokens) >= room:
+                raise PastLimit
+        return tokens
 
     def _latest(self, messages: list[tuple[Frame, str]], room: int) -> list[int]:
         """The most recent messages that fit in ``room`` tokens, starting at a user message when
@@ -115,10 +134,20 @@ class Renderer:
                 start += 1
         return [t for tokens in encoded[start:] if tokens is not None for t in tokens]
 
-    def prefix(self, req: EncodeRequest, today: dt.date, limit: int | None = None) -> list[int]:
+    def prefix(
+        self,
+        req: EncodeRequest,
+        today: dt.date,
+        limit: int | None = None,
+        items: Sequence[ConversationItem] | None = None,
+    ) -> list[int]:
+        """The system and developer messages. ``items``: the conversation whose system and
+        developer items and compaction summaries join the instructions (``req.items`` unless
+        given: a continued prompt's are those it remembered)."""
         # every field but the conversation (instructions, tools, tool choice, effort, response
         # format, date), and the system/developer items and compaction summaries that join the
         # instructions
+        items = req.items if items is None else items
         key = (
             req.model_dump_json(exclude={"items", "model"})
             + "|"
@@ -126,7 +155,7 @@ class Renderer:
             + "|"
             + "\x00".join(
                 i.content if isinstance(i, MessageItem) else i.summary
-                for i in req.items
+                for i in items
                 if isinstance(i, MessageItem) and i.role in ("system", "developer") or isinstance(i, CompactionItem)
             )
         )
@@ -135,7 +164,8 @@ class Renderer:
             self._prefixes.move_to_end(key)
             return cached
         try:
-            tokens = prefix_tokens(req, self.enc, today, self.cutoff, limit)
+            given = req if items is req.items else req.model_copy(update={"items": list(items)})
+            tokens = prefix_tokens(given, self.enc, today, self.cutoff, limit)
         except (RenderError, PastLimit):
             raise
         except Exception as exc:  # openai-harmony rejects what it cannot render

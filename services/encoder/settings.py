@@ -18,3 +18,9 @@ class Settings(BusSettings):
         description="The model's context length (131072 for gpt-oss-20b and -120b): a prompt, plus "
         "max_tokens when given, that does not fit is a 400 before any engine is called.",
     )
+    remembered_prompt_tokens: int = Field(
+        default=2_000_000,
+        description="Tokens of rendered prompts an encoder keeps (4 bytes each), the least recently used "
+        "forgotten first, so that the next turn of a WebSocket chain or of a response's tool loop "
+        "renders only its new items.",
+    )

@@ -241,6 +241,7 @@ async def run(settings: Settings, stop: asyncio.Event | None = None) -> None:
         # longer than clients keep idle connections (httpx: 5 s), so a client never sends on a
         # connection the server is closing at that moment (a connection error, not retried)
         timeout_keep_alive=75,
+        ws_per_message_deflate=settings.websocket_compression,
         log_config=None,  # uvicorn's lines go through this process's logging (text or JSON)
     )
     server = uvicorn.Server(config)

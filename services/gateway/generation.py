@@ -27,7 +27,7 @@ from typing import Protocol
 from pydantic import TypeAdapter
 
 from contracts.errors import BusError, ErrorCode
-from contracts.messages.encode import EncodeRequest
+from contracts.messages.encode import EncodeRequest, PromptContinuation
 from contracts.messages.generate import (
     EventFrame,
     GenerateJob,
@@ -38,6 +38,7 @@ from contracts.messages.generate import (
     Route,
     SamplingParams,
 )
+from contracts.messages.items import ConversationItem
 from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent
 from services.common.errors import ChorusError
 from services.common.metrics import BUS_HOP, RESUMES
@@ -57,6 +58,27 @@ class GenerationSpec:
     sampling: SamplingParams
     parse: ParseSpec
     trace: dict[str, str] | None = None
+    after: RenderedPrompt | None = None  # a prompt this one continues (its worker remembers it)
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    """A generation's prompt as a worker rendered and remembered it (``EncodeRequest.remember``):
+    a later generation whose conversation starts with the same ``items`` (the same objects)
+    sends that worker only the items after them."""
+
+    worker: str  # the Chorus worker process whose encoder has it
+    key: str  # the generation id it was rendered for
+    items: list[ConversationItem]
+
+    def continued_by(self, encode: EncodeRequest) -> EncodeRequest | None:
+        """``encode`` as a continuation of this prompt (None: it does not start with its items)."""
+        n = len(self.items)
+        if len(encode.items) < n or any(a is not b for a, b in zip(self.items, encode.items, strict=False)):
+            return None
+        return encode.model_copy(
+            update={"items": encode.items[n:], "continues": PromptContinuation(key=self.key, length=n)}
+        )
 
 
 @dataclass(frozen=True)
@@ -173,6 +195,7 @@ class Generation:
     _arrived: asyncio.Event = field(default_factory=asyncio.Event)
     delivered: Delivered = field(default_factory=Delivered)
     salt: str = ""  # makes the ids of a generation taken over from another owner its own
+    whole: bool = False  # the worker did not have the prompt this one continues: send it all
     _pending: list[ParsedBatch] = field(default_factory=list)  # arrived before accept
 
     @property
@@ -201,6 +224,11 @@ class Generation:
                 self.accepted = GenerationAccepted(
                     generation_id=self.generation_id, dispatcher="", worker="", engine=""
                 )
+            elif isinstance(item, GenerationFailed) and item.error.code == ErrorCode.CONTINUATION_UNKNOWN:
+                log.info("request %s: the whole conversation after all (%s)", self.request_id, item.error.message)
+                self.whole = True
+                self.attempt += 1
+                await self.owner.submit(self)
             elif isinstance(item, GenerationFailed):
                 if not item.error.retryable or not await self._resume(item.error.message):
                     raise ChorusError.of(item.error)
@@ -296,6 +324,7 @@ class Generation:
                     self.finished = True
                     yield [Failed(error=item.error)]
                     return
+                self.whole = self.whole or item.error.code == ErrorCode.CONTINUATION_UNKNOWN
                 failure = item.error.message
             else:
                 failure = item.reason
@@ -323,7 +352,7 @@ class Generation:
         )
         return GenerateJob(
             generation_id=self.generation_id,
-            encode=self.spec.encode,
+            encode=self._encode(),
             sampling=self.spec.sampling,
             parse=self.spec.parse,
             route=Route(gateway=gateway, parser=self.parser),
@@ -331,3 +360,18 @@ class Generation:
             resume_tokens=list(self.tokens),
             trace=self.spec.trace if self.spec.trace is not None else inject({}),
         )
+
+    def _encode(self) -> EncodeRequest:
+        """The conversation as this attempt sends it: only what follows the prompt it continues
+        when its worker remembers that prompt."""
+        encode, after = self.spec.encode, self.spec.after
+        if after is None or self.whole or self.sent_to != after.worker:
+            return encode
+        return after.continued_by(encode) or encode
+
+    @property
+    def rendered(self) -> RenderedPrompt | None:
+        """This generation's prompt, as its worker remembers it (asked with ``remember``)."""
+        if not self.spec.encode.remember or not self.sent_to or self.accepted is None:
+            return None
+        return RenderedPrompt(self.sent_to, self.generation_id, self.spec.encode.items)

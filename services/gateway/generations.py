@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -17,7 +18,7 @@ from contracts.messages.control import Cancel
 from contracts.messages.generate import EventFrame
 from services.common.bus import Bus
 from services.common.errors import ChorusError
-from services.common.heartbeat import Peers
+from services.common.heartbeat import Peer, Peers
 from services.gateway.generation import EVENTS, Generation, GenerationSpec, Interrupted, Replayed
 
 log = logging.getLogger("chorus.gateway.generation")
@@ -114,7 +115,7 @@ class Generations:
                         code=ErrorCode.SERVICE_UNAVAILABLE, message=f"no {service} service is running", retryable=True
                     )
                 )
-        parser = self.peers.pick("parser")
+        parser = self._remembering(generation) or self.peers.pick("parser")
         if parser is None:
             raise ChorusError.of(
                 BusError(code=ErrorCode.SERVICE_UNAVAILABLE, message="no parser service is running", retryable=True)
@@ -126,6 +127,14 @@ class Generations:
         self._active[generation.generation_id] = generation
         subjects = self.bus.subjects
         await self.bus.publish(subjects.encoder_jobs(generation.sent_to) if generation.sent_to else subjects.jobs, job)
+
+    def _remembering(self, generation: Generation) -> Peer | None:
+        """The worker that remembers the prompt ``generation`` continues, while it takes work:
+        only the new items go to it (``RenderedPrompt``)."""
+        after = generation.spec.after
+        if after is None or generation.whole or not self._is_worker(after.worker):
+            return None
+        return next((p for p in self.peers.alive("parser") if p.usable and p.beat.instance == after.worker), None)
 
     def _is_worker(self, parser: str) -> bool:
         """Whether ``parser`` is a worker's whose encoder and dispatcher take work (its
@@ -146,11 +155,8 @@ class Generations:
     @contextlib.asynccontextmanager
     async def open(self, spec: GenerationSpec, *, resume: Replayed | None = None) -> AsyncIterator[Generation]:
         if spec.encode.current_date is None:  # pinned, so a resumed attempt renders the same prompt
-            spec = GenerationSpec(
-                spec.encode.model_copy(update={"current_date": dt.date.today().isoformat()}),
-                spec.sampling,
-                spec.parse,
-                spec.trace,
+            spec = dataclasses.replace(
+                spec, encode=spec.encode.model_copy(update={"current_date": dt.date.today().isoformat()})
             )
         generation = Generation(spec, self, self.first_timeout, self.idle_timeout)
         if resume is not None:

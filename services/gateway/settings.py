@@ -89,6 +89,11 @@ class Settings(BusSettings):
         "key stores (responses, conversations, background streams) is visible to that key only.",
     )
     max_body_bytes: int = Field(default=16 * 1024 * 1024, description="Larger request bodies are a 413.")
+    websocket_compression: bool = Field(
+        default=False,
+        description="Offer permessage-deflate on WebSocket mode: smaller frames for a slow link, at a "
+        "compression per event (each delta is one) in the gateway and a decompression in the client.",
+    )
     ignore_unknown_fields: bool = Field(
         default=False,
         description="Accept request fields OpenAI does not define (a client newer than this server) instead of a 400.",

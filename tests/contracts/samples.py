@@ -18,6 +18,7 @@ from contracts.messages.encode import (
     EncodeRequest,
     FunctionTool,
     NamedToolChoice,
+    PromptContinuation,
     ResponseFormat,
     TokenCount,
     ToolNamespace,
@@ -134,6 +135,8 @@ encode_request = EncodeRequest(
     response_format=response_format,
     current_date="2025-08-05",
     truncation="auto",
+    remember=True,
+    continues=(prompt_continuation := PromptContinuation(key="chatcmpl-1.0.0", length=4)),
 )
 
 # parse ---------------------------------------------------------------------------------------
@@ -280,6 +283,7 @@ SAMPLES: dict[type[BaseModel], BaseModel] = {
         tool_namespace,
         named_tool_choice,
         response_format,
+        prompt_continuation,
         encode_request,
         usage,
         item_added,

@@ -41,6 +41,7 @@ DECLARED: dict[ErrorCode, tuple[str, int, str]] = {
     ErrorCode.TIMEOUT: ("timeout", 504, "server_error"),
     ErrorCode.CANCELLED: ("cancelled", 499, "invalid_request_error"),  # nginx's "client closed request"
     ErrorCode.INTERNAL: ("internal_error", 500, "server_error"),
+    ErrorCode.CONTINUATION_UNKNOWN: ("continuation_unknown", 503, "server_error"),  # between services only
 }
 TEXT = st.text(st.characters(codec="utf-8"))
 
@@ -88,6 +89,7 @@ STACK_FAILURES = {
     ErrorCode.STORAGE_UNAVAILABLE,
     ErrorCode.TIMEOUT,
     ErrorCode.INTERNAL,
+    ErrorCode.CONTINUATION_UNKNOWN,
 }
 
 

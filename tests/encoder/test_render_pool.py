@@ -51,7 +51,7 @@ async def test_the_pool_reports_caller_mistakes_and_outlives_a_dead_process(monk
     encoder.start_pool()
 
     async def render(j: GenerateJob) -> EncodedPrompt:
-        return await encoder._render(j, encoder._pooled(j))
+        return await encoder.render(j, encoder._pooled(j))
 
     try:
         for _ in range(2):  # the pool still serves after a caller's mistake

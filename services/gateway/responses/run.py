@@ -32,7 +32,7 @@ from services.common.errors import ChorusError
 from services.gateway import structured
 from services.gateway.context import GatewayContext
 from services.gateway.errors import STORAGE_DOWN, public
-from services.gateway.generation import Generation, GenerationSpec, Replayed
+from services.gateway.generation import Generation, GenerationSpec, RenderedPrompt, Replayed
 from services.gateway.observe import Observed, current
 from services.gateway.responses.compaction import estimated_tokens, read_summary, summary_generation, visible
 from services.gateway.responses.events import Event, EventWriter
@@ -61,6 +61,8 @@ class ResponseRun:
     finish_reasons: list[str] = field(default_factory=list)  # each model turn's, for the trace
     observed: Observed | None = None  # metrics, the span and the log line of the request
     refused: BusError | None = None  # the engine refused the request before any output
+    remember: bool = False  # a later response may continue this one's prompt (a WebSocket's)
+    rendered: RenderedPrompt | None = None  # the last model turn's prompt, as its worker keeps it
 
     def __post_init__(self) -> None:
         req = self.request
@@ -126,6 +128,9 @@ class ResponseRun:
             mcp_namespaces=self.tools.mcp.namespaces() if self.tools.mcp is not None else [],
             completion_tokens=self.usage.completion_tokens,
             trace=trace,
+            # a tool loop's next turn, or the next response on the socket, renders only its new items
+            remember=self.remember or self.tools.mcp is not None,
+            after=self.rendered,
         )
 
     async def events(self) -> AsyncIterator[list[Event]]:
@@ -147,7 +152,7 @@ class ResponseRun:
             first = resume.checkpoint.turn
             with current(self.observed):
                 await self.tools.relist()  # what the tools are, without new listing items
-            self.restore(resume.checkpoint)
+            self.usage = resume.checkpoint.restore(self.output, self.tools)
             prelude: list[Event] = []
         else:
             with current(self.observed):  # the tool calls' spans belong to this request's trace
@@ -173,7 +178,7 @@ class ResponseRun:
                 turn_span.end()
                 self.status, self.incomplete_reason = "incomplete", "max_output_tokens"
                 break
-            checkpoint = self.checkpoint(turn)
+            checkpoint = RunCheckpoint.taken(turn, self.output, self.usage, self.tools)
             replayed = None
             if resume is not None and turn == first and resume.tokens:
                 replayed = Replayed(tokens=resume.tokens, events=resume.parsed)
@@ -192,6 +197,7 @@ class ResponseRun:
                         yield Step(opening + replay, checkpoint=checkpoint, turn=turn)
                         async for step in self._turn(generation, turn):
                             yield step
+                        self.rendered = generation.rendered
                 except Exception as exc:
                     if turn == 0 and resume is None:
                         raise
@@ -311,27 +317,6 @@ class ResponseRun:
             else:
                 out += w.handle(event)
         return out
-
-    # -- taking a run over ------------------------------------------------------------------
-    def checkpoint(self, turn: int) -> RunCheckpoint:
-        """The run's state before model turn ``turn`` (nothing is streaming then)."""
-        return RunCheckpoint(
-            turn=turn,
-            done=dict(self.output.done),
-            offset=self.output.offset,
-            seq=self.output.seq,
-            usage=self.usage,
-            calls_run=self.tools.calls_run,
-            history=dict(self.tools.history),
-        )
-
-    def restore(self, checkpoint: RunCheckpoint) -> None:
-        self.output.done = dict(checkpoint.done)
-        self.output.open = {}
-        self.output.offset, self.output.turn_max, self.output.seq = checkpoint.offset, -1, checkpoint.seq
-        self.usage = checkpoint.usage
-        self.tools.calls_run = checkpoint.calls_run
-        self.tools.history = dict(checkpoint.history)
 
     def _add_usage(self, u: Usage) -> None:
         self.usage = added(self.usage, u)

@@ -12,6 +12,8 @@ from pydantic import BaseModel, Field
 from contracts.messages.items import ConversationItem
 from contracts.messages.parse import ParseEvent, Usage
 from services.gateway.responses.events import Event
+from services.gateway.responses.output import Output
+from services.gateway.responses.tool_loop import ToolLoop
 
 
 class RunCheckpoint(BaseModel):
@@ -24,6 +26,28 @@ class RunCheckpoint(BaseModel):
     usage: Usage
     calls_run: int = 0
     history: dict[int, list[ConversationItem]] = Field(default_factory=dict)
+
+    @classmethod
+    def taken(cls, turn: int, output: Output, usage: Usage, tools: ToolLoop) -> RunCheckpoint:
+        """The run's state before model turn ``turn`` (nothing is streaming then)."""
+        return cls(
+            turn=turn,
+            done=dict(output.done),
+            offset=output.offset,
+            seq=output.seq,
+            usage=usage,
+            calls_run=tools.calls_run,
+            history=dict(tools.history),
+        )
+
+    def restore(self, output: Output, tools: ToolLoop) -> Usage:
+        """The run's output and tool loop as they were; returns its usage then."""
+        output.done = dict(self.done)
+        output.open = {}
+        output.offset, output.turn_max, output.seq = self.offset, -1, self.seq
+        tools.calls_run = self.calls_run
+        tools.history = dict(self.history)
+        return self.usage
 
 
 @dataclass

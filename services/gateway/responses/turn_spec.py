@@ -10,7 +10,7 @@ from contracts.messages.generate import ParseSpec, SamplingParams
 from contracts.messages.items import ConversationItem
 from services.gateway import structured
 from services.gateway.context import GatewayContext
-from services.gateway.generation import GenerationSpec
+from services.gateway.generation import GenerationSpec, RenderedPrompt
 from services.gateway.responses.request import (
     NamedFunction,
     ResponsesRequest,
@@ -41,6 +41,8 @@ def turn_spec(
     mcp_namespaces: list[ToolNamespace],
     completion_tokens: int,
     trace: dict[str, str] | None = None,
+    remember: bool = False,
+    after: RenderedPrompt | None = None,
 ) -> GenerationSpec | None:
     """Model turn ``turn`` over ``items`` (the visible conversation so far), offering the
     request's tools and ``mcp_namespaces``; None when the ``completion_tokens`` the response
@@ -79,6 +81,7 @@ def turn_spec(
         builtin_tools=[b for b in req.builtin_tools() if b in ctx.settings.builtin_tools],
         reasoning_effort=req.effort,
         truncation=req.truncation or "disabled",
+        remember=remember,
     )
     offered = [] if choice == "none" else req.function_tools()
     parse = ParseSpec(
@@ -96,4 +99,4 @@ def turn_spec(
         seed=req.seed,
         constraint=structured.constraint(fmt, named, [t.name for t in req.function_tools()]),
     )
-    return GenerationSpec(encode, sampling, parse, trace)
+    return GenerationSpec(encode, sampling, parse, trace, after)

@@ -28,6 +28,7 @@ from services.common.errors import ChorusError
 from services.gateway.context import GatewayContext
 from services.gateway.edge import access_line
 from services.gateway.errors import STORAGE_DOWN, public
+from services.gateway.generation import RenderedPrompt
 from services.gateway.responses.persist import dump, finish
 from services.gateway.responses.prepare import prepare
 from services.gateway.responses.request import ResponsesRequest
@@ -52,6 +53,8 @@ class Socket:
         self.ws = ws
         self.store = store
         self.chains: OrderedDict[str, list[ConversationItem]] = OrderedDict()
+        # each chain's last prompt as a worker remembers it: the next turn sends only its new items
+        self.prompts: dict[str, RenderedPrompt] = {}
         self.lanes: set[str] = set()
         self.active: set[asyncio.Task[None]] = set()
         self._send_lock = asyncio.Lock()
@@ -161,7 +164,9 @@ class Socket:
             self.chains.move_to_end(parent)
         sealer = self.ctx.sealer
         prepared = await prepare(self.ctx, req, self.store, unseal=sealer.open, context=context)
-        run = ResponseRun(self.ctx, prepared, seal=sealer.seal)
+        run = ResponseRun(self.ctx, prepared, seal=sealer.seal, remember=True)
+        if context is not None and parent is not None:
+            run.rendered = self.prompts.get(parent)
         run.observe(None).access = ("WS", PATH, run.response_id)
         return run
 
@@ -180,12 +185,12 @@ class Socket:
                 run.status = "completed"
                 await self.send_events([run.final_event()], lane)
             if run.status == "failed" and parent is not None:
-                self.chains.pop(parent, None)
+                self._forget(parent)
             await finish(run)
             self._remember(run)
         except ChorusError as exc:
             if parent is not None:
-                self.chains.pop(parent, None)
+                self._forget(parent)
             await self.send_error(exc.error, lane)
         except RedisError:
             await self.send_error(STORAGE_DOWN, lane)
@@ -194,8 +199,14 @@ class Socket:
 
     def _remember(self, run: ResponseRun) -> None:
         self.chains[run.response_id] = run.conversation()
+        if run.rendered is not None:
+            self.prompts[run.response_id] = run.rendered
         while len(self.chains) > MAX_CHAINS:
-            self.chains.popitem(last=False)
+            self._forget(next(iter(self.chains)))
+
+    def _forget(self, response_id: str) -> None:
+        self.chains.pop(response_id, None)
+        self.prompts.pop(response_id, None)
 
     async def send_events(self, events: list[Any], lane: str | None) -> None:
         async with self._send_lock:
