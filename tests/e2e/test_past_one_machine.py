@@ -16,6 +16,7 @@ import asyncio
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ def start_cluster(directory: Path, size: int = 3, attempts: int = 3) -> list[Nat
         try:
             for node in nodes:
                 wait_for_port("127.0.0.1", node.port, node.proc)
-            wait_until(lambda up=nodes: all(jetstream_ready(n) for n in up), 30, "the cluster's JetStream", every=0.2)
+            wait_until(partial(all_ready, nodes), 30, "the cluster's JetStream", every=0.2)
             return nodes
         except (AssertionError, RuntimeError, TimeoutError) as exc:
             for node in nodes:
@@ -93,6 +94,10 @@ def _launch_cluster(directory: Path, size: int) -> list[NatsNode]:
         proc.start(directory / f"nats-{i}.log")
         nodes.append(NatsNode(port, monitor, proc))
     return nodes
+
+
+def all_ready(nodes: list[NatsNode]) -> bool:
+    return all(jetstream_ready(n) for n in nodes)
 
 
 def pid_of(proc: ManagedProcess) -> int:
