@@ -1,11 +1,12 @@
 """The code stays as STYLE.md asks: formatted by ruff, ruff-clean (blind excepts and unused
 suppressions included), strict mypy over everything (contracts, services, tests, bench: the
 paths are in pyproject.toml), services that import only `contracts`, the shared helpers and
-themselves, and no giant modules."""
+themselves, no giant modules, and nothing shipped that only the tests use."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,6 +19,14 @@ WIRING = {"services/cli.py", "services/up.py", "services/supervisor.py", "servic
 COMPOSITES = {"worker": ("encoder", "dispatcher", "parser")}
 MAX_LINES = 400
 CODE = ["contracts", "services", "tests", "bench"]
+# shipped though only tests call them, each for a reason: the simulator is a test double whose
+# hooks are its API; the nkey codec keeps both directions; the docs generator's check
+FOR_TESTS = {
+    "services/simengine/": "the simulated engine's hooks",
+    "services/common/wire_auth.py:encode_seed": "the nkey codec's other direction",
+    "services/common/wire_auth.py:decode_public_key": "the nkey codec's other direction",
+    "services/config_reference.py:generated_part": "what the docs check compares",
+}
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -110,3 +119,29 @@ def test_module_size() -> None:
             if lines >= MAX_LINES:
                 too_long.append(f"{path.relative_to(ROOT).as_posix()}: {lines} lines")
     assert not too_long, f"modules of {MAX_LINES} lines or more:\n" + "\n".join(too_long)
+
+
+def test_nothing_shipped_only_for_tests() -> None:
+    """A function or class defined in contracts/ or services/ is used there (by name: a route,
+    a validator or a protocol method registered by decorator or by its name counts), not only
+    by the tests; test helpers live under tests/."""
+    sources = {p: p.read_text() for top in ("contracts", "services") for p in sorted((ROOT / top).rglob("*.py"))}
+    defined: dict[str, list[str]] = {}
+    for path, text in sources.items():
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(ast.parse(text, rel)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.setdefault(node.name, []).append(rel)
+    shipped = "\n".join(sources.values())
+    tested = "\n".join(p.read_text() for top in ("tests", "bench") for p in (ROOT / top).rglob("*.py"))
+    offences = []
+    for name, where in sorted(defined.items()):
+        if name.startswith("__"):
+            continue
+        word = re.compile(rf"\b{re.escape(name)}\b")
+        if len(word.findall(shipped)) > len(where) or not word.search(tested):
+            continue  # used where it ships (or by nobody: a registered handler)
+        for rel in where:
+            if not any(rel.startswith(k) or f"{rel}:{name}" == k for k in FOR_TESTS):
+                offences.append(f"{rel}: {name}")
+    assert not offences, "defined in services, used only by tests (move it under tests/):\n" + "\n".join(offences)

@@ -112,9 +112,6 @@ class Peers:
     def alive(self, service: str) -> list[Peer]:
         return list(self._peers.get(service, {}).values())
 
-    def is_alive(self, service: str, instance: str) -> bool:
-        return instance in self._peers.get(service, {})
-
     def pick(self, service: str) -> Peer | None:
         """The usable instance with the least load (work given since its last beat counts)."""
         usable = [p for p in self.alive(service) if p.usable]

@@ -151,7 +151,7 @@ def wait_for_port(host: str, port: int, proc: ManagedProcess, timeout: float = 1
 REDIS_MAXMEMORY = "512mb"
 
 
-def _data_dir(data_dir: Path | None, kind: str, proc: ManagedProcess) -> str:
+def server_dir(data_dir: Path | None, kind: str, proc: ManagedProcess) -> str:
     """A directory for a server's data: kept (``data_dir``) or thrown away with the process."""
     if data_dir is not None:
         path = data_dir / kind
@@ -173,7 +173,7 @@ def start_nats(
     password) it refuses clients without them."""
     port = port or free_port()
     proc = ManagedProcess("nats-server", [])
-    store = _data_dir(data_dir, "nats", proc)
+    store = server_dir(data_dir, "nats", proc)
     proc.args = [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", store]
     if credentials is not None:  # in a file only its owner reads (argv is visible to every user)
         conf = Path(store) / "auth.conf"
@@ -196,7 +196,7 @@ def start_redis(
     storage_unavailable) rather than silently dropping stored responses, which expire by TTL."""
     port = port or free_port()
     proc = ManagedProcess("redis-server", [])
-    workdir = _data_dir(data_dir, "redis", proc)
+    workdir = server_dir(data_dir, "redis", proc)
     proc.args = [
         redis_server_binary(),
         "--port",
@@ -266,104 +266,3 @@ def ensure_redis(
         return None, url
     _remote_asked(url, host, at_url)
     return start_redis(port if at_url and _local(host) else None, log_path, data_dir=data_dir)
-
-
-def _owner_only(path: Path, text: str) -> None:
-    """``text`` in a file only its owner reads (a config file holding passwords)."""
-    path.touch(mode=0o600)
-    path.chmod(0o600)
-    path.write_text(text)
-
-
-def start_redis_node(
-    port: int | None = None,
-    log_path: Path | None = None,
-    *,
-    replica_of: int | None = None,
-    password: str | None = None,
-    data_dir: Path | None = None,
-) -> tuple[ManagedProcess, str]:
-    """redis-server as ``start_redis`` starts it, optionally a replica of the server on
-    ``replica_of`` (``--replicaof``, loopback) and requiring ``password`` (also the one it gives
-    its primary): a primary and replicas for Sentinel (``start_sentinels``)."""
-    port = port or free_port()
-    proc = ManagedProcess("redis-server" if replica_of is None else "redis-replica", [])
-    workdir = _data_dir(data_dir, f"redis-{port}", proc)
-    conf = Path(workdir) / "node.conf"
-    secrets = f"requirepass {json.dumps(password)}\nmasterauth {json.dumps(password)}\n" if password else ""
-    _owner_only(conf, secrets)
-    proc.args = [
-        redis_server_binary(),
-        str(conf),
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--dir",
-        workdir,
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "everysec",
-        "--save",
-        "",
-        "--maxmemory",
-        REDIS_MAXMEMORY,
-        "--maxmemory-policy",
-        "noeviction",
-    ]
-    if replica_of is not None:
-        proc.args += ["--replicaof", "127.0.0.1", str(replica_of)]
-    proc.start(log_path)
-    wait_for_port("127.0.0.1", port, proc)
-    return proc, f"redis://127.0.0.1:{port}/0"
-
-
-def start_sentinels(
-    primary_port: int,
-    count: int = 3,
-    *,
-    service: str = "mymaster",
-    quorum: int = 2,
-    down_after_ms: int = 1000,
-    failover_timeout_ms: int = 3000,
-    primary_password: str | None = None,
-    password: str | None = None,
-    log_dir: Path | None = None,
-) -> tuple[list[ManagedProcess], str]:
-    """``count`` sentinels (redis-server ``--sentinel``) on loopback monitoring the primary on
-    ``primary_port`` as ``service``: it counts as down after ``down_after_ms`` unanswered and
-    ``quorum`` of them agreeing; ``primary_password`` is the primary's, ``password`` the one the
-    sentinels themselves require. Returns them and their ``redis+sentinel://`` URL."""
-    procs: list[ManagedProcess] = []
-    addresses: list[str] = []
-    for _ in range(count):
-        port = free_port()
-        proc = ManagedProcess("redis-sentinel", [])
-        workdir = _data_dir(None, "sentinel", proc)
-        lines = [
-            f"port {port}",
-            "bind 127.0.0.1",
-            f"dir {workdir}",
-            f"sentinel monitor {service} 127.0.0.1 {primary_port} {quorum}",
-            f"sentinel down-after-milliseconds {service} {down_after_ms}",
-            f"sentinel failover-timeout {service} {failover_timeout_ms}",
-            f"sentinel parallel-syncs {service} 1",
-        ]
-        if primary_password:
-            lines.append(f"sentinel auth-pass {service} {json.dumps(primary_password)}")
-        if password:
-            lines.append(f"requirepass {json.dumps(password)}")
-        conf = Path(workdir) / "sentinel.conf"  # the sentinel rewrites it as its view changes
-        _owner_only(conf, "\n".join(lines) + "\n")
-        proc.args = [redis_server_binary(), str(conf), "--sentinel"]
-        try:
-            proc.start(log_dir / f"sentinel-{port}.log" if log_dir else None)
-            wait_for_port("127.0.0.1", port, proc)
-        except BaseException:
-            for started in [*procs, proc]:
-                started.stop()
-            raise
-        procs.append(proc)
-        addresses.append(f"127.0.0.1:{port}")
-    return procs, f"redis+sentinel://{','.join(addresses)}/{service}"

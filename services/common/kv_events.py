@@ -89,20 +89,6 @@ class KvDecodeError(ValueError):
     """A payload that is not an event batch: not msgpack, or not the shape of one."""
 
 
-def rank_endpoint(endpoint: str, data_parallel_rank: int) -> str:
-    """The endpoint of a data-parallel rank, as the engines derive it: each rank publishes on
-    the configured port + its rank (``tcp://*:5557`` -> ``tcp://*:5558`` for rank 1); an
-    ``inproc://`` name gets ``_dp<rank>``."""
-    if data_parallel_rank == 0:
-        return endpoint
-    if endpoint.startswith("inproc://"):
-        return f"{endpoint}_dp{data_parallel_rank}"
-    base, sep, port = endpoint.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"no port to offset in {endpoint!r}")
-    return f"{base}:{int(port) + data_parallel_rank}"
-
-
 # -- reading ------------------------------------------------------------------------------------
 
 # keys a map-encoded event may carry its type under: msgspec's default tag field is "type"; a

@@ -316,13 +316,6 @@ def kept(items: list[ConversationItem]) -> list[ConversationItem]:
     return [item for i, item in enumerate(items) if not (isinstance(item, ReasoningItem) and i < last_final)]
 
 
-def conversation_messages(req: EncodeRequest, today: dt.date, knowledge_cutoff: str) -> list[Message]:
-    """The whole Harmony conversation (the reference rendering, and tests, use it). A response
-    format is not among its messages: openai-harmony cannot express it (``prefix_tokens``)."""
-    prefix = prefix_messages(req, today, knowledge_cutoff)
-    return [*prefix, *(frame.message(text) for frame, text in body_messages(req))]
-
-
 def prefix_messages(req: EncodeRequest, today: dt.date, knowledge_cutoff: str) -> list[Message]:
     """The system message and the developer message (instructions, tools), if any."""
     messages = [system_message(req, today, knowledge_cutoff)]

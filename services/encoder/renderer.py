@@ -200,9 +200,3 @@ class Renderer:
                 evicted, _ = self._texts.popitem(last=False)
                 self._text_chars -= len(evicted)
         return tokens
-
-
-def render_prompt(
-    req: EncodeRequest, encoding: HarmonyEncoding, today: dt.date, knowledge_cutoff: str = "2024-06"
-) -> EncodedPrompt:
-    return Renderer(encoding, knowledge_cutoff).render(req, today)

@@ -28,7 +28,6 @@ from services.common.kv_events import (
     WireForm,
     decode_batch,
     encode_batch,
-    rank_endpoint,
 )
 
 TS = 1757500000.25
@@ -382,12 +381,3 @@ def test_optional_fields_of_another_type_read_as_none() -> None:
     type is not worth losing the batch over."""
     decoded = decode_batch(pack([1.0, [["BlockStored", [1], None, [], 16, "x", 7, {"cache_salt": "t"}]], "r"]))
     assert decoded.batch == EventBatch(1.0, (stored((1,), None, ()),), None)
-
-
-def test_rank_endpoints() -> None:
-    assert rank_endpoint("tcp://*:5557", 0) == "tcp://*:5557"
-    assert rank_endpoint("tcp://*:5557", 2) == "tcp://*:5559"
-    assert rank_endpoint("tcp://[::1]:5557", 1) == "tcp://[::1]:5558"
-    assert rank_endpoint("inproc://kv", 1) == "inproc://kv_dp1"
-    with pytest.raises(ValueError, match="port"):
-        rank_endpoint("ipc:///tmp/kv", 1)

@@ -16,9 +16,10 @@ from openai_harmony import Conversation, HarmonyEncoding, Role
 from contracts.errors import ErrorCode
 from contracts.messages.encode import EncodeRequest, FunctionTool, ToolNamespace
 from contracts.messages.items import MessageItem
-from services.encoder.render import RenderError, conversation_messages
+from services.encoder.render import RenderError
 from services.encoder.renderer import Renderer
 from services.encoder.service import prompt_chars
+from tests.encoder.reference import conversation_messages
 
 TODAY = dt.date(2025, 1, 1)
 

@@ -34,10 +34,11 @@ from contracts.messages.items import (
 from contracts.subjects import Subjects
 from services.common.tokens import encode_text
 from services.encoder.app import run
-from services.encoder.render import RenderError, conversation_messages
-from services.encoder.renderer import Renderer, render_prompt
+from services.encoder.render import RenderError
+from services.encoder.renderer import Renderer
 from services.encoder.settings import Settings
 from tests.bus import Tap, adapter, client, job, running
+from tests.encoder.reference import conversation_messages, render_prompt
 
 TODAY = dt.date(2026, 11, 22)
 WEATHER = FunctionTool(

@@ -28,13 +28,23 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from services.common.infra import free_port, start_redis_node, start_sentinels
+from services.common.infra import free_port
 from services.common.metrics import REGISTRY
 from services.common.redis_url import RedisConfigError, RedisOptions
 from services.gateway.redis_conn import ReplicasBehind, StorageUnavailable
 from services.gateway.responses.response import ResponseBody
 from services.gateway.store import RedisResponseStore, StoredResponse
-from tests.redis_topology import SERVICE, Topology, answers, port_of, sentinel_ports, topology, wait_until
+from tests.redis_topology import (
+    SERVICE,
+    Topology,
+    answers,
+    port_of,
+    sentinel_ports,
+    start_redis_node,
+    start_sentinels,
+    topology,
+    wait_until,
+)
 
 OPTIONS = RedisOptions(min_replicas=1, wait_ms=500, failover_s=15)
 WORKERS = 4  # tasks saving in a loop while the primary dies
