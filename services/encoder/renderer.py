@@ -32,6 +32,9 @@ from services.encoder.render import (
 )
 
 MIN_CACHED_CHARS = 64  # shorter contents encode faster than a cache entry costs
+# fields of a request that its system and developer messages do not depend on: left out of
+# the key they are cached under (a continuation's key names the previous turn, new each turn)
+NOT_IN_PREFIX = {"items", "model", "remember", "continues"}
 
 
 class Renderer:
@@ -149,7 +152,7 @@ class Renderer:
         # instructions
         items = req.items if items is None else items
         key = (
-            req.model_dump_json(exclude={"items", "model"})
+            req.model_dump_json(exclude=NOT_IN_PREFIX)
             + "|"
             + today.isoformat()
             + "|"

@@ -203,3 +203,30 @@ async def test_the_encoder_continues_what_it_remembered(renderer: Renderer, pool
         assert unknown.value.error.code == ErrorCode.CONTINUATION_UNKNOWN and unknown.value.error.retryable
     finally:
         encoder.close()
+
+
+def test_a_chains_turns_render_their_system_and_developer_messages_once(
+    encoding: HarmonyEncoding, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each turn of a chain names a new turn to continue from; its instructions and tools are
+    the same, and so is their rendering: done once, not once a turn."""
+    import services.encoder.renderer as module
+
+    rendered: list[EncodeRequest] = []
+    real = module.prefix_tokens
+
+    def counted(req: EncodeRequest, *args: object) -> list[int]:
+        rendered.append(req)
+        return real(req, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(module, "prefix_tokens", counted)
+    fresh = Renderer(encoding)
+    items = _conversation([("hi", "user"), ("x", "call")])
+    base = remembered(_request(items), fresh.render(_request(items, remember=True), TODAY), len(fresh.assistant))
+    for n in range(3, 7):
+        req = _request(
+            _turn(n, "t", "call"), continues=PromptContinuation(key=f"r{n}", length=len(items)), remember=True
+        )
+        _, base = _continue(fresh, base, req)
+        items += req.items
+    assert len(rendered) == 1
