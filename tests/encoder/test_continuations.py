@@ -32,7 +32,7 @@ from contracts.subjects import Subjects
 from services.common.bus import Bus
 from services.common.wire import Wire
 from services.encoder.continuations import PromptMemory, Remembered, continued, final_end, redone, remembered, unusable
-from services.encoder.render import RenderError
+from services.encoder.render import RenderError, prefix_tokens
 from services.encoder.renderer import Renderer
 from services.encoder.service import Encoder
 from services.encoder.settings import Settings
@@ -210,16 +210,13 @@ def test_a_chains_turns_render_their_system_and_developer_messages_once(
 ) -> None:
     """Each turn of a chain names a new turn to continue from; its instructions and tools are
     the same, and so is their rendering: done once, not once a turn."""
-    import services.encoder.renderer as module
-
     rendered: list[EncodeRequest] = []
-    real = module.prefix_tokens
 
     def counted(req: EncodeRequest, *args: object) -> list[int]:
         rendered.append(req)
-        return real(req, *args)  # type: ignore[arg-type]
+        return prefix_tokens(req, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(module, "prefix_tokens", counted)
+    monkeypatch.setattr("services.encoder.renderer.prefix_tokens", counted)
     fresh = Renderer(encoding)
     items = _conversation([("hi", "user"), ("x", "call")])
     base = remembered(_request(items), fresh.render(_request(items, remember=True), TODAY), len(fresh.assistant))
