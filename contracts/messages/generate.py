@@ -119,6 +119,7 @@ class TokenBatch(Contract):
     done: bool = False
     finish_reason: EngineFinishReason | None = None
     stop_token_id: int | None = None
+    stop_text: str | None = None  # the stop string that ended the output, when one did
     usage: EngineUsage | None = None
     error: BusError | None = None
 

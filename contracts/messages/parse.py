@@ -49,6 +49,7 @@ class Finished(Contract):
     finish_reason: FinishReason
     usage: Usage
     recoveries: list[str] = Field(default_factory=list)  # kinds of malformed output repaired
+    stop_sequence: str | None = None  # the caller's stop string that ended the output
 
 
 class Failed(Contract):

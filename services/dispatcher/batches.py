@@ -10,6 +10,7 @@ arrives or the stream ends."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from contracts.errors import BusError, ErrorCode
@@ -71,6 +72,7 @@ class BatchWriter:
         *,
         token_ids: list[int] | None = None,
         stop_token_id: int | None = None,
+        stop_text: str | None = None,
         usage: EngineUsage | None = None,
         error: BusError | None = None,
     ) -> None:
@@ -86,6 +88,7 @@ class BatchWriter:
                 done=True,
                 finish_reason=finish_reason,
                 stop_token_id=stop_token_id,
+                stop_text=stop_text,
                 usage=self._usage(usage, self.offset + len(ids)),
                 error=error,
             ),
@@ -129,6 +132,7 @@ def merge(batches: list[TokenBatch]) -> list[TokenBatch]:
             done=batch.done,
             finish_reason=batch.finish_reason,
             stop_token_id=batch.stop_token_id,
+            stop_text=batch.stop_text,
             usage=batch.usage,
             error=batch.error,
         )
@@ -166,9 +170,7 @@ class Relay:
             elif held is None:
                 held = chunk
             elif chunk.token_ids:  # tokens after the finish (unexpected): keep them
-                held = EngineChunk(
-                    [*held.token_ids, *chunk.token_ids], held.finish_reason, held.stop_token_id, held.usage
-                )
+                held = dataclasses.replace(held, token_ids=[*held.token_ids, *chunk.token_ids])
         self.held = held
         writer.tokens(ids)
         if held is not None and self.usage is not None:
@@ -189,7 +191,11 @@ class Relay:
             )
             return
         self.writer.final(
-            held.finish_reason or "stop", token_ids=held.token_ids, stop_token_id=held.stop_token_id, usage=self.usage
+            held.finish_reason or "stop",
+            token_ids=held.token_ids,
+            stop_token_id=held.stop_token_id,
+            stop_text=held.stop_text,
+            usage=self.usage,
         )
 
 

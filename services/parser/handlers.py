@@ -138,7 +138,7 @@ class Sessions:
         entry.unsent.extend(ids)
         entry.offset += len(ids)
         if batch.done:
-            events += entry.session.finish(batch.finish_reason, batch.usage, batch.error)
+            events += entry.session.finish(batch.finish_reason, batch.usage, batch.error, batch.stop_text)
             for kind, n in entry.session.recoveries.items():
                 RECOVERIES.labels(kind).inc(n)
             entry.span.set_attributes(

@@ -159,8 +159,16 @@ class ParseSession:
         return self._out.take()
 
     def finish(
-        self, finish_reason: EngineFinishReason | None, usage: EngineUsage | None = None, error: BusError | None = None
+        self,
+        finish_reason: EngineFinishReason | None,
+        usage: EngineUsage | None = None,
+        error: BusError | None = None,
+        stop_text: str | None = None,
     ) -> list[ParseEvent]:
+        """The last events: the open message ended (cut short by a length, abort or error
+        finish), then ``Finished`` (or ``Failed``). ``stop_text``: the caller's stop string the
+        engine matched; its tokens are in the output, as vLLM's own gpt-oss serving keeps them
+        (the engines trim only their text)."""
         if self._finished:
             return []
         cut = finish_reason in ("length", "abort", "error") or error is not None
@@ -185,7 +193,14 @@ class ParseSession:
             reason: FinishReason = "stop" if finish_reason in (None, "error") else finish_reason
             if reason == "stop" and self._out.calls:
                 reason = "tool_calls"
-            self._out.push(Finished(finish_reason=reason, usage=u, recoveries=sorted(self.recoveries)))
+            self._out.push(
+                Finished(
+                    finish_reason=reason,
+                    usage=u,
+                    recoveries=sorted(self.recoveries),
+                    stop_sequence=stop_text if reason == "stop" else None,
+                )
+            )
         return self._out.take()
 
     # -- framing --------------------------------------------------------------------------

@@ -151,6 +151,7 @@ def prepare(
     stop_token_ids: Sequence[int],
     ignore_eos: bool,
     params: dict[str, object],
+    stop: Sequence[str] = (),
     stream: bool,
     check: Check,
 ) -> Generation:
@@ -180,8 +181,33 @@ def prepare(
     if constrained is not None and script.directives.raw is None:  # [[sim:raw]] is emitted as written
         output = generate(output, script.calls, encoding, constrained)
     outcome = limit(output, cap, stop_token_ids, () if ignore_eos else EOS_TOKEN_IDS)
+    outcome = cut_at_stop_string(outcome, stop, encoding)
     cached = recorder.prefix_cache.lookup_and_insert(prompt)
     return Generation(record, script, outcome, settings, recorder, cached)
+
+
+def cut_at_stop_string(outcome: Outcome, stop: Sequence[str], encoding: HarmonyEncoding) -> Outcome:
+    """Stop strings as vLLM and SGLang match them: in the output's text as it is detokenized
+    (special tokens skipped), token by token; generation ends with the token that completes the
+    first match, that token included in the ids (the engines trim only the text), reported as
+    the stop string matched. A stop token, EOS or max_tokens that came first has already cut
+    ``outcome``: a match in what is left is earlier."""
+    if not stop:
+        return outcome
+    longest = max(map(len, stop))
+    text = IncrementalText(encoding, skip_special=True)
+    seen = ""
+    for i, token in enumerate(outcome.token_ids):
+        new = text.feed([token])
+        if not new:
+            continue
+        start = max(0, len(seen) - longest + 1)  # a match must end in the new text
+        seen += new
+        window = seen[start:]
+        found = [(at, s) for s in stop if (at := window.find(s)) >= 0]
+        if found:
+            return Outcome(outcome.token_ids[: i + 1], "stop", None, stop_text=min(found)[1])
+    return outcome
 
 
 def decode_text(encoding: HarmonyEncoding, ids: Sequence[int], skip_special: bool) -> str:

@@ -336,6 +336,7 @@ class Outcome:
     token_ids: list[int]
     finish_reason: str  # stop | length
     stop_token_id: int | None  # the stop token emitted (included in token_ids), if any
+    stop_text: str | None = None  # the stop string matched (its tokens included in token_ids)
 
 
 def limit(

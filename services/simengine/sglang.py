@@ -173,7 +173,8 @@ def _dumps(obj: dict[str, Any]) -> bytes:
 def _finish(gen: Generation, count: int) -> dict[str, Any]:
     if gen.outcome.finish_reason == "length":
         return {"type": "length", "length": count}
-    return {"type": "stop", "matched": gen.outcome.stop_token_id}
+    matched = gen.outcome.stop_text if gen.outcome.stop_text is not None else gen.outcome.stop_token_id
+    return {"type": "stop", "matched": matched}
 
 
 def _meta(gen: Generation, finish: dict[str, Any] | None, completion_tokens: int) -> dict[str, Any]:
@@ -218,6 +219,7 @@ async def generate(request: Request) -> Response:
             max_tokens=max_new,
             stop_token_ids=sp.stop_token_ids or [],
             ignore_eos=sp.ignore_eos,
+            stop=[sp.stop] if isinstance(sp.stop, str) else list(sp.stop or []),
             stream=body.stream,
             params=body.model_dump(exclude={"input_ids", "text"}, exclude_none=True),
             check=checks(sp, sim.settings),

@@ -144,7 +144,7 @@ usage = Usage(prompt_tokens=11, completion_tokens=22, reasoning_tokens=5, cached
 item_added = ItemAdded(output_index=1, item=function_call_item)
 item_delta = ItemDelta(output_index=2, delta=TRICKY)
 item_done = ItemDone(output_index=3, item=reasoning_item)
-finished = Finished(finish_reason="tool_calls", usage=usage, recoveries=["unclosed_json"])
+finished = Finished(finish_reason="stop", usage=usage, recoveries=["unclosed_json"], stop_sequence="END")
 failed = Failed(error=bus_error, usage=usage)
 
 # generate ------------------------------------------------------------------------------------
@@ -200,6 +200,7 @@ token_batch = TokenBatch(
     done=True,
     finish_reason="length",
     stop_token_id=200012,
+    stop_text="END",
     usage=engine_usage,
     error=bus_error,
 )

@@ -175,6 +175,18 @@ def test_sglang_auto_with_repeating_ids_and_trimmed_stop() -> None:
     assert end.token_ids == [6, RETURN] and end.stop_token_id == RETURN
 
 
+def test_a_matched_stop_string_is_reported_with_the_ids_kept() -> None:
+    """vLLM's string ``stop_reason`` and SGLang's string ``matched``: the stop string, the
+    tokens that spelled it kept and no stop token added."""
+    vllm = fed(VllmDecoder([RETURN, CALL]), _vllm([5, 6], "stop", "END"))
+    assert (vllm.finish_reason, vllm.stop_text, vllm.stop_token_id, vllm.token_ids) == ("stop", "END", None, [5, 6])
+    sglang = fed(SglangDecoder("auto"), _sg([5, 6], 2, {"type": "stop", "matched": "END"}))
+    assert (sglang.finish_reason, sglang.stop_text, sglang.stop_token_id) == ("stop", "END", None)
+    assert sglang.token_ids == [5, 6]
+    token = fed(VllmDecoder([RETURN]), _vllm([7, RETURN], "stop", None))
+    assert token.stop_text is None
+
+
 def test_sglang_length_and_abort() -> None:
     dec = SglangDecoder("auto")
     assert fed(dec, _sg([1, 2], 2, {"type": "length", "length": 2})).finish_reason == "length"

@@ -181,3 +181,24 @@ def test_top_k_reaches_the_engine(stack: RunningStack) -> None:
     )
     record = next(r for r in stack.engine_requests() if message.id in (r.get("request_id") or ""))
     assert record["params"].get("top_k") == 40, record["params"]
+
+
+def test_a_stop_sequence_ends_the_answer_and_is_named(stack: RunningStack) -> None:
+    """The engine stops on one of ``stop_sequences`` (the simulator matches them in its text as
+    vLLM does); the message says which, whole and streamed."""
+    raw = "<|channel|>final<|message|>one two END three<|return|>"
+    body: Any = {
+        "model": MODEL,
+        "max_tokens": 256,
+        "stop_sequences": ["four", "END"],
+        "messages": [{"role": "user", "content": f"[[sim:raw={raw}]]"}],
+    }
+    message = client(stack).messages.create(**body)
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", "END"), message
+    [text] = message.content
+    assert text.type == "text" and text.text.startswith("one two") and "three" not in text.text
+    with client(stack).messages.stream(**body) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", "END")
+    unmatched = client(stack).messages.create(**{**body, "stop_sequences": ["four"]})
+    assert (unmatched.stop_reason, unmatched.stop_sequence) == ("end_turn", None)

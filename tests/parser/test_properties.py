@@ -142,3 +142,16 @@ def test_arbitrary_token_soup(ids: list[int], finish: EngineFinishReason) -> Non
     check_stream(events)
     assert events[-1].type == "finished"
     assert all("<|" not in f for f in fields(events))
+
+
+def test_the_stop_string_matched_is_named_when_it_ended_the_answer() -> None:
+    answer = ENC.encode("<|channel|>final<|message|>one two END", allowed_special="all")
+    session = ParseSession(ENC, "r1")
+    session.feed(answer)
+    [*_, finished] = session.finish("stop", stop_text="END")
+    assert isinstance(finished, Finished) and (finished.finish_reason, finished.stop_sequence) == ("stop", "END")
+    call = ENC.encode('<|channel|>commentary to=functions.f<|message|>{"a": 1}', allowed_special="all")
+    session = ParseSession(ENC, "r2", ["f"])
+    session.feed([*call, CALL])
+    [*_, finished] = session.finish("stop")
+    assert isinstance(finished, Finished) and (finished.finish_reason, finished.stop_sequence) == ("tool_calls", None)

@@ -35,6 +35,7 @@ class EngineChunk:
     stop_token_id: int | None = None
     usage: EngineUsage | None = None
     error: BusError | None = None  # the engine failed mid-stream
+    stop_text: str | None = None  # the stop string that ended the output (its tokens included)
 
 
 class EngineFailure(Exception):

@@ -118,7 +118,10 @@ class SglangDecoder:
         if stop_id is not None and (not self.ids or self.ids[-1] != stop_id):
             delta = [*delta, stop_id]  # trimmed by the server: make it part of the stream
             self.ids.append(stop_id)
-        return EngineChunk(token_ids=delta, finish_reason="stop", stop_token_id=stop_id, usage=usage)
+        stop_text = matched if isinstance(matched, str) else None  # a stop string
+        return EngineChunk(
+            token_ids=delta, finish_reason="stop", stop_token_id=stop_id, usage=usage, stop_text=stop_text
+        )
 
 
 class SglangAdapter:

@@ -79,16 +79,19 @@ class VllmDecoder:
             return EngineChunk(token_ids=ids, usage=usage)
         finish = FINISH_REASONS.get(str(raw_finish), "stop")
         stop_id = None
+        stop_text = None
         if finish == "stop":
             reason = choice.get("stop_reason")
-            if isinstance(reason, int):
+            if isinstance(reason, str):  # a stop string matched (the text is trimmed, not the ids)
+                stop_text = reason
+            elif isinstance(reason, int):
                 stop_id = reason
                 if self.last_id != reason:  # make the stop token part of the stream, always
                     ids.append(reason)
                     self.last_id = reason
             elif self.last_id in self.stops:
                 stop_id = self.last_id
-        return EngineChunk(token_ids=ids, finish_reason=finish, stop_token_id=stop_id, usage=usage)
+        return EngineChunk(token_ids=ids, finish_reason=finish, stop_token_id=stop_id, usage=usage, stop_text=stop_text)
 
 
 class VllmAdapter:

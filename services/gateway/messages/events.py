@@ -17,8 +17,10 @@ when they open a JSON object; other arguments are held and sent at the end as
 but end invalid (the parser's repair failed: rare) reach a streaming client as they are (Claude
 Code reports them to the model as a tool error) and the whole message as ``{"_raw": text}``.
 
-``stop_sequence``: the engines' matched stop string does not reach the parser's ``Finished``,
-so ``stop_reason`` is ``end_turn`` when a stop sequence ended the answer (see ``response.py``)."""
+``stop_sequence``: the one of ``stop_sequences`` the engine matched (vLLM's string
+``stop_reason``, SGLang's ``matched``, carried to the parser's ``Finished``), with ``stop_reason``
+``stop_sequence``. The engines trim only their text: the tokens that spelled it are in the
+output, so the text ends with it (as vLLM's own gpt-oss serving, which parses token ids too)."""
 
 from __future__ import annotations
 
@@ -105,7 +107,7 @@ class MessageStream:
         self.blocks: list[Block] = []
         self.finished: Finished | None = None
         self.failed: Failed | None = None
-        self.stop_sequence: str | None = None  # the matched stop sequence, when the engines report one
+        self.stop_sequence: str | None = None  # the stop sequence the engine matched, if one did
         self._at: dict[int, Block | None] = {}  # output index -> its block (None: reasoning not sent)
 
     # -- the stream ---------------------------------------------------------------------------
@@ -134,6 +136,7 @@ class MessageStream:
             elif isinstance(event, Finished):
                 out += self._close_all()
                 self.finished = event
+                self.stop_sequence = event.stop_sequence
             elif isinstance(event, Failed):
                 self.failed = event
         return b"".join(sse(name, payload) for name, payload in out)

@@ -7,11 +7,8 @@ object (the model wrote something else and the parser could not repair it) are k
 ``{"_raw": text}``: never a 500, the client's tool validation tells the model, and the block
 sent back renders the model's own text again (``items.arguments_of``).
 
-``stop_sequence`` is ``null`` and ``stop_reason`` never ``stop_sequence`` today: the parser's
-``Finished`` does not say which stop string ended the generation (vLLM reports it as a string
-``stop_reason``, SGLang as ``matched_stop``; the dispatcher keeps only stop token ids), so an
-answer cut by one of ``stop_sequences`` ends as ``end_turn``. ``MessageStream.stop_sequence``
-is where the matched string goes once the contract carries it."""
+``stop_sequence`` is the one of ``stop_sequences`` the engine matched (``stop_reason``
+``stop_sequence``), as the parser's ``Finished`` reports it (see ``events.py``)."""
 
 from __future__ import annotations
 
