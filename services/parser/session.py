@@ -237,7 +237,9 @@ class ParseSession:
             self._section = "channel"
         elif t == CONSTRAIN:
             if state == _HEADER:
-                self._sections["constrain"] = []
+                if "constrain" in self._sections:  # a second <|constrain|>: keep what the first held
+                    self.recoveries["repeated_constrain"] += 1
+                self._sections.setdefault("constrain", [])
                 self._section = "constrain"
             elif state == _CONTENT:
                 self.recoveries["constrain_in_content"] += 1
@@ -306,9 +308,15 @@ class ParseSession:
         header = self._header()
         if header.junk:
             self.recoveries["junk_in_header"] += 1
-        if header.body:
+        body = header.body
+        constrain = self._sections.get("constrain")
+        if constrain and header.recipient is None and header.channel is None:
+            # <|constrain|> with neither a channel nor a recipient qualifies nothing: its words
+            # are stray text, like the role's (a content type after a channel stays one)
+            body += self.enc.decode(constrain)
+        if body.strip():
             self.recoveries["text_before_header"] += 1
-            self._out.complete("final", header.body, incomplete=False)
+            self._out.complete("final", body, incomplete=False)
         self._item = self._out.open(header)
         self._state = _CONTENT
 
