@@ -197,6 +197,10 @@ def test_a_stop_string_is_limited_as_a_string() -> None:
     ).stop_list == ["a stop sequence of some length"]
     with pytest.raises(ValueError, match="at most 16 items"):
         ChatRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["s"] * 17})
+    # an empty stop string matches nothing and the engine would refuse it: it is not sent
+    assert ChatRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "x"}], "stop": ["", "END"]}
+    ).stop_list == ["END"]
 
 
 @pytest.mark.parametrize(

@@ -205,9 +205,10 @@ class ChatRequest(ApiRequest):
 
     @property
     def stop_list(self) -> list[str]:
+        """The stop strings for the engine: an empty one can match nothing (vLLM refuses it)."""
         if self.stop is None:
             return []
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return [s for s in ([self.stop] if isinstance(self.stop, str) else self.stop) if s]
 
     @property
     def effort(self) -> Literal["low", "medium", "high"]:
