@@ -29,14 +29,15 @@ import ssl
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import nats.errors
 
 from services.common import nats_frames as frames
-from services.common.nats_frames import CRLF, FrameReader
+from services.common.nats_frames import CRLF
 from services.common.wire_auth import Auth
 from services.common.wire_link import DEFAULT_MAX_PAYLOAD, ErrorHook, Hook, Link, NoServersAnswered
+from services.common.wire_protocol import LinkProtocol
 from services.common.wire_servers import ServerPool
 from services.common.wire_subscription import Callback, Msg, Received, Subscription
 from services.common.wire_tls import tls_context
@@ -44,39 +45,6 @@ from services.common.wire_tls import tls_context
 __all__ = ["Msg", "NoServersAnswered", "Received", "Subscription", "Wire", "tls_context"]
 
 log = logging.getLogger("chorus.wire")
-
-
-class _Protocol(asyncio.Protocol):
-    def __init__(self, wire: Wire) -> None:
-        self.wire = wire
-        self.transport: asyncio.Transport | None = None
-        self.reader = FrameReader(wire._message, wire._control)
-        self.writable = asyncio.Event()
-        self.writable.set()
-        self.lost = asyncio.get_running_loop().create_future()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass, but one
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.reader.feed(data)
-        except Exception as exc:  # noqa: BLE001 - a broken stream (or a bug reading it): drop it, reconnect
-            log.warning("NATS stream unreadable (%s); reconnecting", exc)
-            assert self.transport is not None
-            self.transport.abort()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.writable.set()
-        if not self.lost.done():
-            self.lost.set_result(exc)
-        self.wire._connection_lost(self, exc)
-
-    def pause_writing(self) -> None:
-        self.writable.clear()
-
-    def resume_writing(self) -> None:
-        self.writable.set()
 
 
 class Wire(Link):
@@ -123,7 +91,7 @@ class Wire(Link):
         self._disconnected_cb, self._reconnected_cb, self._error_cb = disconnected_cb, reconnected_cb, error_cb
         self.max_payload = DEFAULT_MAX_PAYLOAD
         self.server_info: dict[str, Any] = {}
-        self._proto: _Protocol | None = None
+        self._proto: LinkProtocol | None = None
         self._sids = itertools.count(1)
         self._subs: dict[int, Subscription] = {}
         self._pongs: deque[asyncio.Future[None]] = deque()
@@ -149,9 +117,6 @@ class Wire(Link):
         await wire._connect_first()
         wire._spawn(wire._pinger())
         return wire
-
-    def _new_protocol(self) -> _Protocol:
-        return _Protocol(self)
 
     # the protocol -------------------------------------------------------------------------
     def _message(

@@ -32,11 +32,11 @@ import nats.errors
 from services.common import nats_frames as frames
 from services.common.nats_frames import CRLF
 from services.common.wire_auth import Auth
+from services.common.wire_protocol import LinkProtocol
 from services.common.wire_servers import Server, ServerPool
 from services.common.wire_tls import describe
 
 if TYPE_CHECKING:
-    from services.common.wire import _Protocol
     from services.common.wire_subscription import Subscription
 
 log = logging.getLogger("chorus.wire")
@@ -81,7 +81,7 @@ class Link:
     _disconnected_cb: Hook | None
     _reconnected_cb: Hook | None
     _error_cb: ErrorHook | None
-    _proto: _Protocol | None
+    _proto: LinkProtocol | None
     _subs: dict[int, Subscription]
     _pongs: deque[asyncio.Future[None]]
     _info: asyncio.Future[dict[str, Any]] | None
@@ -92,7 +92,15 @@ class Link:
     _closed: bool
     _tasks: set[asyncio.Task[None]]
 
-    def _new_protocol(self) -> _Protocol:
+    def _new_protocol(self) -> LinkProtocol:
+        return LinkProtocol(self._message, self._control, self._connection_lost)
+
+    def _message(
+        self, subject: str, sid: int, reply: str, headers: dict[str, str] | None, status: int | None, data: bytes
+    ) -> None:
+        raise NotImplementedError
+
+    def _control(self, line: bytes) -> None:
         raise NotImplementedError
 
     def _write(self, data: bytes) -> None:
@@ -246,7 +254,7 @@ class Link:
             if added:
                 log.debug("%s: NATS servers learnt: %s", self.name, ", ".join(s.label for s in added))
 
-    async def _leave(self, proto: _Protocol) -> None:
+    async def _leave(self, proto: LinkProtocol) -> None:
         """Lame duck mode: what was sent here reaches the server (a PING answered), then the
         connection is given up as if lost, and what is published meanwhile waits for the next."""
         if proto is not self._proto or not self._ready or self._closed or proto.transport is None:
@@ -304,7 +312,7 @@ class Link:
                 pong.exception()  # a flush awaiting it raises; the pinger's own are not awaited
         self._pongs.clear()
 
-    def _connection_lost(self, proto: _Protocol, exc: Exception | None) -> None:
+    def _connection_lost(self, proto: LinkProtocol, exc: Exception | None) -> None:
         if proto is not self._proto or self._closed or not self._ready:
             return  # an attempt that failed during its handshake (or a move) says so itself
         self._lost()
@@ -363,7 +371,7 @@ def _system_context() -> ssl.SSLContext:
     return ssl.create_default_context()
 
 
-def _closed(proto: _Protocol, what: str) -> str:
+def _closed(proto: LinkProtocol, what: str) -> str:
     """``what``, with the reason the connection ended if there was one (a TLS alert, a reset)."""
     exc = proto.lost.result() if proto.lost.done() else None
     return f"{what} ({describe(exc)})" if exc is not None else what

@@ -11,7 +11,8 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from services.common.nats_frames import header_block
-from services.common.wire import Msg, Subscription, Wire, _Protocol
+from services.common.wire import Msg, Subscription, Wire
+from services.common.wire_protocol import LinkProtocol
 from tests.common.wire_support import Collector, Connect, Seen, quiet
 
 
@@ -142,7 +143,7 @@ async def test_frames_parse_the_same_at_any_cut() -> None:
     cuts.append([stream[i : i + 1] for i in range(len(stream))])  # a byte at a time
     cuts.append([stream[i : i + 7] for i in range(0, len(stream), 7)])
     for chunks in cuts:
-        proto = _Protocol(wire)
+        proto = LinkProtocol(wire._message, wire._control, wire._connection_lost)
         for chunk in chunks:
             proto.data_received(chunk)
         assert out == expected, [len(c) for c in chunks]

@@ -6,10 +6,10 @@ import openai.types.chat as chat_types
 
 from contracts.messages.items import FunctionCallItem, FunctionCallOutputItem, MessageItem, ReasoningItem
 from contracts.messages.parse import Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent, Usage
-from services.gateway.chat.events import ChatState
+from services.gateway.chat.events import ChatState, usage_json
 from services.gateway.chat.items import messages_to_items
 from services.gateway.chat.request import ChatMessage
-from services.gateway.chat.response import message, usage_json
+from services.gateway.chat.response import message
 
 
 def _events() -> list[ParseEvent]:

@@ -18,10 +18,10 @@ from pydantic import TypeAdapter
 from contracts.errors import BusError, ErrorCode
 from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
 from contracts.messages.parse import Failed, Finished, FinishReason, ItemAdded, ItemDelta, ItemDone, ParseEvent, Usage
-from services.gateway.messages.events import MessageStream
+from services.gateway.messages.events import MessageStream, message_bytes, message_json
 from services.gateway.messages.items import messages_to_items
 from services.gateway.messages.request import validate_request
-from services.gateway.messages.response import error_body, message_bytes, message_json, status_of, usage_json
+from services.gateway.messages.response import error_body, status_of, usage_json
 from services.gateway.sealing import Sealer
 
 EVENTS: TypeAdapter[RawMessageStreamEvent] = TypeAdapter(RawMessageStreamEvent)

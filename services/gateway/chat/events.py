@@ -12,10 +12,22 @@ from typing import Any
 import orjson
 
 from contracts.messages.items import FunctionCallItem, MessageItem, ReasoningItem
-from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent
-from services.gateway.chat.response import usage_json
+from contracts.messages.parse import Failed, Finished, ItemAdded, ItemDelta, ItemDone, ParseEvent, Usage
 
 Delta = dict[str, Any]
+
+
+def usage_json(usage: Usage | None) -> dict[str, Any]:
+    u = usage or Usage()
+    out: dict[str, Any] = {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+    }
+    if u.cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": u.cached_tokens}
+    return out
 
 
 @dataclass

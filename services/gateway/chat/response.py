@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from openai.types.chat import ChatCompletion
 
-from contracts.messages.parse import Usage
+from services.gateway.chat.events import usage_json
 
 if TYPE_CHECKING:
     from services.gateway.chat.events import ChatState
@@ -50,16 +50,3 @@ def message(state: ChatState) -> dict[str, Any]:
             for t in state.tools
         ]
     return msg
-
-
-def usage_json(usage: Usage | None) -> dict[str, Any]:
-    u = usage or Usage()
-    out: dict[str, Any] = {
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
-    }
-    if u.cached_tokens is not None:
-        out["prompt_tokens_details"] = {"cached_tokens": u.cached_tokens}
-    return out

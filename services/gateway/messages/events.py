@@ -1,6 +1,6 @@
 """Parser events -> Anthropic's streamed Message: the content blocks of one answer and the SSE
 events they become (``event: NAME`` / ``data: JSON``), as the Anthropic SDKs parse them. The
-whole ``Message`` is built from the same state in ``response.py``.
+whole ``Message`` is built from the same state (``message_json``, at the end).
 
     message_start
     content_block_start / content_block_delta ... / content_block_stop    (per output item)
@@ -275,3 +275,33 @@ class MessageStream:
             if not block.done:
                 out += self._close(block)
         return out
+
+
+# -- the whole answer --------------------------------------------------------------------------
+
+
+def block_json(block: Block, show_thinking: bool) -> dict[str, Any]:
+    if block.kind == "thinking":
+        return {"type": "thinking", "thinking": block.text if show_thinking else "", "signature": block.signature}
+    if block.kind == "tool_use":
+        value = block.input if block.input is not None else tool_input(block.text)
+        return {"type": "tool_use", "id": block.call_id, "name": block.name, "input": value}
+    return {"type": "text", "text": block.text}
+
+
+def message_json(stream: MessageStream) -> dict[str, Any]:
+    """The whole answer, its blocks in output order."""
+    return {
+        "id": stream.message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": stream.model,
+        "content": [block_json(b, stream.show_thinking) for b in stream.blocks],
+        "stop_reason": stream.stop_reason,
+        "stop_sequence": stream.stop_sequence,
+        "usage": usage_json(stream.usage),
+    }
+
+
+def message_bytes(stream: MessageStream) -> bytes:
+    return orjson.dumps(message_json(stream))

@@ -1,6 +1,7 @@
-"""The whole Messages API answer (a ``Message``, as ``anthropic.types.Message`` reads it) from
-one answer's state (``events.MessageStream``), its usage and stop reason, and Anthropic's error
-shapes and HTTP statuses for Chorus's error codes.
+"""The Messages API's shapes that the streamed and the whole answer share (a ``tool_use``
+block's input, usage, the stop reason), and Anthropic's error shapes and HTTP statuses for
+Chorus's error codes. The whole ``Message`` (as ``anthropic.types.Message`` reads it) is built
+from the answer's state in ``events.py``.
 
 A ``tool_use`` block's ``input`` is the call's arguments parsed; arguments that are not a JSON
 object (the model wrote something else and the parser could not repair it) are kept as
@@ -13,15 +14,12 @@ sent back renders the model's own text again (``items.arguments_of``).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
 from contracts.errors import ErrorCode
 from contracts.messages.parse import FinishReason, Usage
-
-if TYPE_CHECKING:
-    from services.gateway.messages.events import Block, MessageStream
 
 RAW = "_raw"
 
@@ -70,33 +68,6 @@ def usage_json(usage: Usage | None) -> dict[str, Any]:
         out["cache_read_input_tokens"] = cached
         out["cache_creation_input_tokens"] = 0
     return out
-
-
-def block_json(block: Block, show_thinking: bool) -> dict[str, Any]:
-    if block.kind == "thinking":
-        return {"type": "thinking", "thinking": block.text if show_thinking else "", "signature": block.signature}
-    if block.kind == "tool_use":
-        value = block.input if block.input is not None else tool_input(block.text)
-        return {"type": "tool_use", "id": block.call_id, "name": block.name, "input": value}
-    return {"type": "text", "text": block.text}
-
-
-def message_json(stream: MessageStream) -> dict[str, Any]:
-    """The whole answer, its blocks in output order."""
-    return {
-        "id": stream.message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": stream.model,
-        "content": [block_json(b, stream.show_thinking) for b in stream.blocks],
-        "stop_reason": stream.stop_reason,
-        "stop_sequence": stream.stop_sequence,
-        "usage": usage_json(stream.usage),
-    }
-
-
-def message_bytes(stream: MessageStream) -> bytes:
-    return orjson.dumps(message_json(stream))
 
 
 # -- errors ----------------------------------------------------------------------------------------

@@ -16,9 +16,9 @@ from contracts.errors import BusError
 from contracts.messages.encode import CountRequest, TokenCount
 from services.common.errors import ChorusError
 from services.gateway.context import get_ctx
+from services.gateway.messages.events import message_bytes
 from services.gateway.messages.items import to_encode_request
 from services.gateway.messages.request import parse_request, validate_request
-from services.gateway.messages.response import message_bytes
 from services.gateway.messages.run import MessagesRun
 from services.gateway.streaming import ClientGone, EventStream, unless_client_leaves
 from services.gateway.validation import parse_json
