@@ -152,6 +152,7 @@ def prepare(
     ignore_eos: bool,
     params: dict[str, object],
     stop: Sequence[str] = (),
+    skip_special: bool = True,
     stream: bool,
     check: Check,
 ) -> Generation:
@@ -181,21 +182,23 @@ def prepare(
     if constrained is not None and script.directives.raw is None:  # [[sim:raw]] is emitted as written
         output = generate(output, script.calls, encoding, constrained)
     outcome = limit(output, cap, stop_token_ids, () if ignore_eos else EOS_TOKEN_IDS)
-    outcome = cut_at_stop_string(outcome, stop, encoding)
+    outcome = cut_at_stop_string(outcome, stop, encoding, skip_special)
     cached = recorder.prefix_cache.lookup_and_insert(prompt)
     return Generation(record, script, outcome, settings, recorder, cached)
 
 
-def cut_at_stop_string(outcome: Outcome, stop: Sequence[str], encoding: HarmonyEncoding) -> Outcome:
+def cut_at_stop_string(
+    outcome: Outcome, stop: Sequence[str], encoding: HarmonyEncoding, skip_special: bool = True
+) -> Outcome:
     """Stop strings as vLLM and SGLang match them: in the output's text as it is detokenized
-    (special tokens skipped), token by token; generation ends with the token that completes the
+    (special tokens written out unless ``skip_special``: Chorus asks for them), token by token; generation ends with the token that completes the
     first match, that token included in the ids (the engines trim only the text), reported as
     the stop string matched. A stop token, EOS or max_tokens that came first has already cut
     ``outcome``: a match in what is left is earlier."""
     if not stop:
         return outcome
     longest = max(map(len, stop))
-    text = IncrementalText(encoding, skip_special=True)
+    text = IncrementalText(encoding, skip_special)
     seen = ""
     for i, token in enumerate(outcome.token_ids):
         new = text.feed([token])

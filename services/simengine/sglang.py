@@ -220,6 +220,7 @@ async def generate(request: Request) -> Response:
             stop_token_ids=sp.stop_token_ids or [],
             ignore_eos=sp.ignore_eos,
             stop=[sp.stop] if isinstance(sp.stop, str) else list(sp.stop or []),
+            skip_special=sp.skip_special_tokens,
             stream=body.stream,
             params=body.model_dump(exclude={"input_ids", "text"}, exclude_none=True),
             check=checks(sp, sim.settings),

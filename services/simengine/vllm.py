@@ -240,6 +240,7 @@ async def completions(request: Request) -> Response:
             stop_token_ids=body.stop_token_ids or [],
             ignore_eos=body.ignore_eos,
             stop=_stop_strings(body.stop),
+            skip_special=body.skip_special_tokens,
             stream=body.stream,
             params=body.model_dump(exclude={"prompt"}, exclude_none=True, by_alias=True),
             check=checks(body, sim.settings),

@@ -57,6 +57,15 @@ async def test_a_string_in_the_reasoning_stops_there_too(http: httpx.AsyncClient
     assert ids == through("Think") and last["stop_reason"] == "Think"
 
 
+async def test_special_tokens_are_text_when_asked_for(http: httpx.AsyncClient) -> None:
+    """Chorus asks for special tokens written out (``skip_special_tokens: false``): a stop
+    string can then match one, as in vLLM's detokenized text."""
+    ids, last = await vllm(http, "v5", stop=["<|message|>one"], skip_special_tokens=False)
+    assert last["stop_reason"] == "<|message|>one" and ids == OUTPUT[: OUTPUT.index(ENC.encode("one")[0]) + 1]
+    skipped, last = await vllm(http, "v6", stop=["<|message|>one"])
+    assert skipped == OUTPUT and last["stop_reason"] is None
+
+
 async def test_a_string_never_written_changes_nothing(http: httpx.AsyncClient) -> None:
     ids, last = await vllm(http, "v3", stop=["four"])
     assert ids == OUTPUT and last["stop_reason"] is None  # <|return|> is EOS: vLLM says null
