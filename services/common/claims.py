@@ -51,6 +51,7 @@ FIRST_ATTEMPT_S = 1.0  # an unanswered request is sent again after 1 s, then 2 s
 FIRST_PAUSE_S = 0.05  # before retrying a refusal that comes at once ("temporarily unavailable")
 
 # the JetStream API's err_codes (nats-server's errors.json) that Claims tells apart
+CLUSTER_NO_PEERS = 10005  # "no suitable peers for placement": a cluster still forming (or too small)
 CLUSTER_NOT_AVAILABLE = 10008  # "JetStream system temporarily unavailable" (a leader election)
 CLUSTER_NOT_LEADER = 10009
 NO_MESSAGE = 10037
@@ -58,7 +59,8 @@ NOT_ENABLED_FOR_ACCOUNT = 10039
 STREAM_NAME_IN_USE = 10058  # "already in use with a different configuration"
 STREAM_NOT_FOUND = 10059
 NOT_ENABLED = 10076
-TRANSIENT = frozenset({CLUSTER_NOT_AVAILABLE, CLUSTER_NOT_LEADER})
+# tried again within the step's timeout; a cluster too small for the replicas asked for says so then
+TRANSIENT = frozenset({CLUSTER_NO_PEERS, CLUSTER_NOT_AVAILABLE, CLUSTER_NOT_LEADER})
 
 _KEY = re.compile(r"([0-9a-f]{32})\.([1-9][0-9]{0,9})\.([0-9]{1,15})")
 
