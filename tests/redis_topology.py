@@ -13,9 +13,9 @@ from typing import Any
 import redis
 
 from services.common.infra import (
-    REDIS_MAXMEMORY,
     ManagedProcess,
     free_port,
+    redis_options,
     redis_server_binary,
     server_dir,
     wait_for_port,
@@ -124,26 +124,7 @@ def start_redis_node(
     conf = Path(workdir) / "node.conf"
     secrets = f"requirepass {json.dumps(password)}\nmasterauth {json.dumps(password)}\n" if password else ""
     write_owner_only(conf, secrets)
-    proc.args = [
-        redis_server_binary(),
-        str(conf),
-        "--port",
-        str(port),
-        "--bind",
-        "127.0.0.1",
-        "--dir",
-        workdir,
-        "--appendonly",
-        "yes",
-        "--appendfsync",
-        "everysec",
-        "--save",
-        "",
-        "--maxmemory",
-        REDIS_MAXMEMORY,
-        "--maxmemory-policy",
-        "noeviction",
-    ]
+    proc.args = [redis_server_binary(), str(conf), *redis_options(port, workdir)]
     if replica_of is not None:
         proc.args += ["--replicaof", "127.0.0.1", str(replica_of)]
     proc.start(log_path)

@@ -188,17 +188,10 @@ def start_nats(
     return proc, f"nats://127.0.0.1:{port}"
 
 
-def start_redis(
-    port: int | None = None, log_path: Path | None = None, *, data_dir: Path | None = None
-) -> tuple[ManagedProcess, str]:
-    """redis-server on loopback only, persisting to an append-only file (a restart loses
-    nothing), its memory bounded: with ``noeviction`` a full Redis refuses writes (a clear 503
-    storage_unavailable) rather than silently dropping stored responses, which expire by TTL."""
-    port = port or free_port()
-    proc = ManagedProcess("redis-server", [])
-    workdir = server_dir(data_dir, "redis", proc)
-    proc.args = [
-        redis_server_binary(),
+def redis_options(port: int, workdir: str) -> list[str]:
+    """redis-server's options as Chorus runs it: on loopback, appending to a file every second,
+    no snapshots, its memory bounded and full rather than evicting (see ``start_redis``)."""
+    return [
         "--port",
         str(port),
         "--bind",
@@ -216,6 +209,18 @@ def start_redis(
         "--maxmemory-policy",
         "noeviction",
     ]
+
+
+def start_redis(
+    port: int | None = None, log_path: Path | None = None, *, data_dir: Path | None = None
+) -> tuple[ManagedProcess, str]:
+    """redis-server on loopback only, persisting to an append-only file (a restart loses
+    nothing), its memory bounded: with ``noeviction`` a full Redis refuses writes (a clear 503
+    storage_unavailable) rather than silently dropping stored responses, which expire by TTL."""
+    port = port or free_port()
+    proc = ManagedProcess("redis-server", [])
+    workdir = server_dir(data_dir, "redis", proc)
+    proc.args = [redis_server_binary(), *redis_options(port, workdir)]
     proc.start(log_path)
     wait_for_port("127.0.0.1", port, proc)
     return proc, f"redis://127.0.0.1:{port}/0"
