@@ -10,7 +10,6 @@ import json
 import math
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +26,11 @@ from services.common.claims import (
 )
 from services.common.wire import Msg, Wire
 from tests.common.test_wire_servers import NatsServers, Node, nats_servers
+from tests.common.wire_support import Connect
 from tests.waiting import until
 
 __all__ = ["nats_servers"]  # the fixture, shared
 
-Connect = Callable[..., Awaitable[Wire]]
 STREAM = "CLAIMS_test"
 
 
@@ -42,17 +41,13 @@ def jetstream(directory: Path, name: str, extra: str = "") -> str:
 
 
 @pytest.fixture
-async def connect() -> AsyncIterator[Connect]:
-    opened: list[Wire] = []
+def connect(connect: Connect) -> Connect:
+    """The common connections (closed after the test), reconnecting after 0.25 s."""
 
     async def open_wire(url: str, **options: Any) -> Wire:
-        wire = await Wire.connect(url, **{"reconnect_time_wait": 0.25, **options})
-        opened.append(wire)
-        return wire
+        return await connect(url, **{"reconnect_time_wait": 0.25, **options})
 
-    yield open_wire
-    for wire in opened:
-        await wire.close()
+    return open_wire
 
 
 @pytest.fixture

@@ -15,7 +15,8 @@ import pytest
 
 from services.common.infra import free_port
 from services.common.wire import Msg, NoServersAnswered, Wire
-from tests.common.test_wire_servers import Collector, NatsServers, Node, nats_servers
+from tests.common.test_wire_servers import NatsServers, Node, nats_servers
+from tests.common.wire_support import Collector, Hooks
 from tests.waiting import until
 
 __all__ = ["nats_servers"]  # the fixture, shared
@@ -36,20 +37,6 @@ async def connect() -> AsyncIterator[Connect]:
     yield open_wire
     for wire in opened:
         await wire.close()
-
-
-class Hooks:
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-        self.reconnected = asyncio.Event()
-        self.options = {"disconnected_cb": self.on_disconnected, "reconnected_cb": self.on_reconnected}
-
-    async def on_disconnected(self) -> None:
-        self.calls.append("disconnected")
-
-    async def on_reconnected(self) -> None:
-        self.calls.append("reconnected")
-        self.reconnected.set()
 
 
 def ports(wire: Wire) -> set[int]:
@@ -170,7 +157,8 @@ async def test_a_subscriber_follows_its_killed_node(nats_servers: NatsServers, c
         await hooks.reconnected.wait()
     await listening(publisher, subscriber, subject)
     await publisher.publish(subject, b"after")
-    assert await col.wait(1) == [b"after"]
+    await col.wait(1)
+    assert col.data == [b"after"]
 
 
 async def test_a_dead_node_in_the_list_is_skipped(nats_servers: NatsServers, connect: Connect) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from services.common.infra import ManagedProcess, free_port, start_nats
 from services.common.wire import Wire
-from tests.common.wire_support import Collector, Connect
+from tests.common.wire_support import Collector, Connect, Hooks
 
 
 class Servers:
@@ -41,23 +41,6 @@ class Servers:
             if proc.proc is not None and proc.alive():
                 os.kill(proc.proc.pid, signal.SIGCONT)  # a stopped server would not stop
             proc.stop()
-
-
-class Hooks:
-    """disconnected_cb / reconnected_cb, recording their calls."""
-
-    def __init__(self) -> None:
-        self.disconnected, self.reconnected = asyncio.Event(), asyncio.Event()
-        self.calls: list[str] = []
-        self.options = {"disconnected_cb": self.on_disconnected, "reconnected_cb": self.on_reconnected}
-
-    async def on_disconnected(self) -> None:
-        self.calls.append("disconnected")
-        self.disconnected.set()
-
-    async def on_reconnected(self) -> None:
-        self.calls.append("reconnected")
-        self.reconnected.set()
 
 
 @pytest.fixture

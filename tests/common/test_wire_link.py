@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from services.common.wire import Wire
+from tests.common.wire_support import Hooks
 from tests.waiting import until
 
 
@@ -69,23 +70,6 @@ async def scripted() -> AsyncIterator[Callable[..., Any]]:
     yield start
     for server in servers:
         server.close()
-
-
-class Hooks:
-    def __init__(self, reconnected_wait: float = 0.0) -> None:
-        self.calls: list[str] = []
-        self.disconnected, self.reconnected = asyncio.Event(), asyncio.Event()
-        self.wait = reconnected_wait
-        self.options = {"disconnected_cb": self.on_disconnected, "reconnected_cb": self.on_reconnected}
-
-    async def on_disconnected(self) -> None:
-        self.calls.append("disconnected")
-        self.disconnected.set()
-
-    async def on_reconnected(self) -> None:
-        self.calls.append("reconnected")
-        await asyncio.sleep(self.wait)  # a slow hook, for a test that needs one
-        self.reconnected.set()
 
 
 async def test_a_lame_duck_move_flushes_the_old_server_and_sends_the_rest_to_the_new(

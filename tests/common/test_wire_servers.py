@@ -1,7 +1,6 @@
 """``Wire``'s server list (``wire_servers.py``) and nkey encoding (``wire_auth.py``) without a
 server; and the helpers the TLS, auth and cluster tests share: nats-servers started from a
-configuration for one test, a certificate authority made with ``cryptography``, and
-``Collector``."""
+configuration for one test and a certificate authority made with ``cryptography``."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from cryptography import x509
@@ -98,27 +96,6 @@ def nats_servers(tmp_path: Path) -> Iterator[NatsServers]:
     owned = NatsServers(tmp_path)
     yield owned
     owned.stop_all()
-
-
-class Collector:
-    """A callback recording the payloads it gets; ``wait`` for a count."""
-
-    def __init__(self) -> None:
-        self.data: list[bytes] = []
-        self.times: list[float] = []
-        self._changed = asyncio.Event()
-
-    async def record(self, msg: Any) -> None:
-        self.data.append(msg.data)
-        self.times.append(asyncio.get_running_loop().time())
-        self._changed.set()
-
-    async def wait(self, count: int, timeout: float = 5.0) -> list[bytes]:
-        async with asyncio.timeout(timeout):
-            while len(self.data) < count:
-                self._changed.clear()
-                await self._changed.wait()
-        return self.data
 
 
 @dataclass(frozen=True)

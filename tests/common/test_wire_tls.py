@@ -15,7 +15,8 @@ import nats.errors
 import pytest
 
 from services.common.wire import Msg, NoServersAnswered, Wire, tls_context
-from tests.common.test_wire_servers import Authority, Collector, Issued, NatsServers, nats_servers
+from tests.common.test_wire_servers import Authority, Issued, NatsServers, nats_servers
+from tests.common.wire_support import Collector
 
 __all__ = ["nats_servers"]  # the fixture, shared
 
@@ -73,7 +74,8 @@ async def round_trip(wire: Wire) -> None:
     await wire.subscribe(f"{subject}.ask", cb=answer)
     await wire.flush()
     await wire.publish(subject, b"secret")
-    assert await col.wait(1) == [b"secret"]
+    await col.wait(1)
+    assert col.data == [b"secret"]
     assert (await wire.request(f"{subject}.ask", b"q", timeout=2)).data == b"re:q"
 
 
@@ -174,7 +176,8 @@ async def test_reconnects_over_tls(nats_servers: NatsServers, pki: Pki, connect:
     await nats_servers.start(tls_block(pki.server), port=node.port)
     async with asyncio.timeout(5):
         await reconnected.wait()
-    assert encrypted(wire) and await col.wait(1) == [b"while down"]
+    await col.wait(1)
+    assert encrypted(wire) and col.data == [b"while down"]
     with pytest.raises(nats.errors.MaxPayloadError):
         await wire.publish(subject, b"x" * (wire.max_payload + 1))
 

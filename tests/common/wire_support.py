@@ -1,4 +1,5 @@
 """What the ``Wire`` tests share: a recording callback (``Collector``) and the messages it saw,
+the connection hooks recorded (``Hooks``),
 the type of the ``connect`` fixture (conftest.py), and ``quiet``, which waits until every message
 routed to some connections so far has been handled (for checks that something did not
 arrive)."""
@@ -28,10 +29,12 @@ class Collector:
 
     def __init__(self) -> None:
         self.seen: list[Seen] = []
+        self.times: list[float] = []  # the loop's time at each message
         self._changed = asyncio.Event()
 
     async def record(self, msg: Any) -> None:
         self.seen.append(Seen(msg.subject, msg.reply, msg.data, msg.headers or None))
+        self.times.append(asyncio.get_running_loop().time())
         self._changed.set()
 
     async def wait(self, count: int, timeout: float = 5.0) -> list[Seen]:
@@ -53,3 +56,24 @@ async def quiet(*wires: Wire, timeout: float = 5.0) -> None:
         for w in wires:
             await w.flush()
             await w.caught_up()
+
+
+class Hooks:
+    """disconnected_cb / reconnected_cb (``options``), recording their calls; a reconnected hook
+    that takes ``reconnected_wait`` seconds, for a test that needs a slow one."""
+
+    def __init__(self, reconnected_wait: float = 0.0) -> None:
+        self.calls: list[str] = []
+        self.disconnected, self.reconnected = asyncio.Event(), asyncio.Event()
+        self.wait = reconnected_wait
+        self.options = {"disconnected_cb": self.on_disconnected, "reconnected_cb": self.on_reconnected}
+
+    async def on_disconnected(self) -> None:
+        self.calls.append("disconnected")
+        self.disconnected.set()
+
+    async def on_reconnected(self) -> None:
+        self.calls.append("reconnected")
+        if self.wait:
+            await asyncio.sleep(self.wait)
+        self.reconnected.set()
