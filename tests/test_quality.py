@@ -9,8 +9,10 @@ import ast
 import re
 import subprocess
 import sys
+import tomllib
 from collections import Counter
 from collections.abc import Iterator
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,3 +148,27 @@ def test_nothing_shipped_only_for_tests() -> None:
             if not any(rel.startswith(k) or f"{rel}:{name}" == k for k in FOR_TESTS):
                 offences.append(f"{rel}: {name}")
     assert not offences, "defined in services, used only by tests (move it under tests/):\n" + "\n".join(offences)
+
+
+def test_every_imported_package_is_declared() -> None:
+    """What contracts/ and services/ import outside the standard library comes from a
+    distribution pyproject.toml names: a plain `pip install .` has it, not only the test extra's
+    dependencies' dependencies."""
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    declared = {re.split(r"[<>=!~\[ ;]", d)[0].lower().replace("_", "-") for d in dependencies}
+    distributions = packages_distributions()
+    undeclared = set()
+    for top in ("contracts", "services"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for package in {name.split(".")[0] for name in names} - set(sys.stdlib_module_names) - {*CODE}:
+                    found = {d.lower().replace("_", "-") for d in distributions.get(package, [package])}
+                    if not found & declared:
+                        undeclared.add(f"{path.relative_to(ROOT).as_posix()}: {package} ({', '.join(sorted(found))})")
+    assert not undeclared, "imported but not declared in pyproject.toml:\n" + "\n".join(sorted(undeclared))
