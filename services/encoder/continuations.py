@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from contracts.messages.encode import EncodeRequest, PromptContinuation
 from contracts.messages.items import CompactionItem, ConversationItem, FunctionCallItem, MessageItem
 from services.common.harmony import CHANNEL, END, FINAL
-from services.encoder.render import EncodedPrompt, recipient_of, selection_text
+from services.encoder.render import EncodedPrompt, is_final, recipient_of, selection_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,10 +46,6 @@ class Remembered:
 
 def _joins_developer(item: ConversationItem) -> bool:
     return isinstance(item, CompactionItem) or (isinstance(item, MessageItem) and item.role in ("system", "developer"))
-
-
-def is_final(item: ConversationItem) -> bool:
-    return isinstance(item, MessageItem) and item.role == "assistant" and item.channel in (None, "final")
 
 
 def after_last_final(items: Sequence[ConversationItem]) -> tuple[ConversationItem, ...] | None:

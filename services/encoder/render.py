@@ -306,12 +306,17 @@ def _tool_output(tool: str) -> Frame:
     return Frame(Role.TOOL, channel="commentary", recipient="assistant", tool=tool)
 
 
+def is_final(item: ConversationItem) -> bool:
+    """An assistant's final answer: what drops the reasoning before it (``kept``)."""
+    return isinstance(item, MessageItem) and item.role == "assistant" and item.channel in (None, "final")
+
+
 def kept(items: list[ConversationItem]) -> list[ConversationItem]:
     """Harmony drops chain-of-thought from turns that ended in a final answer: reasoning before
     the last assistant final-channel message is dropped; the current turn's is kept."""
     last_final = -1
     for i, item in enumerate(items):
-        if isinstance(item, MessageItem) and item.role == "assistant" and item.channel in (None, "final"):
+        if is_final(item):
             last_final = i
     return [item for i, item in enumerate(items) if not (isinstance(item, ReasoningItem) and i < last_final)]
 
