@@ -21,6 +21,7 @@ import base64
 import hashlib
 import sys
 from array import array
+from collections import deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -97,8 +98,8 @@ class RecentChains:
     byte that differs, against a BLAKE2b per block."""
 
     def __init__(self, size: int = 16) -> None:
-        self.size = size
-        self._recent: list[tuple[int, bytes, list[int]]] = []  # (block size, full blocks' bytes, chain)
+        # (block size, full blocks' bytes, chain), the oldest dropped past ``size``
+        self._recent: deque[tuple[int, bytes, list[int]]] = deque(maxlen=size)
 
     def hashes(self, token_ids: Sequence[int], block_size: int) -> list[int]:
         parent = seed(block_size)
@@ -107,8 +108,7 @@ class RecentChains:
             return []
         data = token_bytes(token_ids)[: count * 4 * block_size]
         known: list[int] = []
-        for i in range(len(self._recent) - 1, -1, -1):
-            size, prefix, chain = self._recent[i]
+        for size, prefix, chain in reversed(self._recent):
             if size == block_size and len(chain) > len(known) and data.startswith(prefix):
                 known = chain
                 if len(chain) == count:
@@ -118,8 +118,6 @@ class RecentChains:
         rest = data[len(known) * 4 * block_size :]
         chain = known + extend(parent, rest, count - len(known), block_size) if count > len(known) else known
         self._recent.append((block_size, data, chain))
-        if len(self._recent) > self.size:
-            del self._recent[0]
         return chain
 
 
