@@ -4,6 +4,8 @@ the offending path."""
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 from openai.types.responses import (
     Response,
@@ -20,7 +22,9 @@ from services.common.errors import ChorusError
 from services.gateway.responses.events import Event, EventWriter
 from services.gateway.responses.items import input_items, output_item
 from services.gateway.responses.output import ItemView, Output
+from services.gateway.responses.prepare import Prepared
 from services.gateway.responses.request import ResponsesRequest
+from services.gateway.responses.run import ResponseRun
 from services.gateway.validation import parse_body
 
 EVENT: TypeAdapter[ResponseStreamEvent] = TypeAdapter(ResponseStreamEvent)
@@ -146,3 +150,16 @@ def test_input_items_conversion_and_errors() -> None:
     with pytest.raises(ChorusError) as err:
         _request({"input": [{"type": "function_call", "call_id": 5, "name": "f"}]})
     assert err.value.error.param == "input[0].call_id"
+
+
+def test_a_completed_response_has_one_completion_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The object returned, the one streamed last and the one stored are built at different
+    moments; a second boundary between them must not give them different ``completed_at``."""
+    clock = iter([1000.2, 1001.7, 1002.1])
+    monkeypatch.setattr("time.time", lambda: next(clock))
+    req = parse_body(b'{"model": "m", "input": "hi"}', ResponsesRequest)
+    prepared = Prepared(req, "resp_1", 999, [], [], store=cast(Any, None))
+    run = ResponseRun(cast(Any, None), prepared, status="completed")
+    first, stored = run.response(), run.response()
+    assert first.completed_at == stored.completed_at == 1000
+    assert run.response("in_progress").completed_at is None

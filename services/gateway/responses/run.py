@@ -9,6 +9,7 @@ for is turn_spec.py's business."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -63,6 +64,7 @@ class ResponseRun:
     refused: BusError | None = None  # the engine refused the request before any output
     remember: bool = False  # a later response may continue this one's prompt (a WebSocket's)
     rendered: RenderedPrompt | None = None  # the last model turn's prompt, as its worker keeps it
+    completed_at: int | None = None  # stamped once: the returned, streamed and stored objects agree
 
     def __post_init__(self) -> None:
         req = self.request
@@ -83,11 +85,15 @@ class ResponseRun:
 
     # -- the response object -------------------------------------------------------------
     def response(self, status: Status | None = None) -> Response:
+        status = status or self.status
+        if status == "completed" and self.completed_at is None:
+            self.completed_at = int(time.time())
         return build_response(
             self.request,
             response_id=self.response_id,
             created_at=self.prepared.created_at,
-            status=status or self.status,
+            status=status,
+            completed_at=self.completed_at,
             output=[self.view.json(i) for i in self.output.items],
             usage=self.usage,
             error=self.error,
