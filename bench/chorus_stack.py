@@ -15,6 +15,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -199,6 +201,22 @@ class Stack:
         for pid in alive:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
+        if self.base:
+            forget_namespace(f"bench{self.base.rsplit(':', 1)[1]}")
+
+
+def forget_namespace(namespace: str) -> None:
+    """Remove what the stack stored under ``namespace`` in a Redis it shared (one `chorus up`
+    started on its own went with it): stored responses expire, the sealing key would not."""
+    with (
+        contextlib.suppress(redis.RedisError),
+        redis.Redis.from_url(
+            os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"), socket_connect_timeout=1
+        ) as client,
+    ):
+        keys = list(client.scan_iter(match=f"{namespace}:*", count=1000))
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])
 
 
 def show_logs(log_dir: Path, lines: int = 15) -> None:

@@ -6,38 +6,72 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Iterator
 
 import pytest
 import redis
 from openai_harmony import HarmonyEncoding
 
 from services.common.harmony import harmony_encoding
-from services.common.infra import ensure_nats, ensure_redis
+from services.common.infra import ManagedProcess, ensure_nats, ensure_redis
 from tests import leftovers
 
 
-@pytest.fixture(scope="session")
-def nats_url() -> Iterator[str]:
-    proc, url = ensure_nats(os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
-    existing = asyncio.run(leftovers.stream_names(url))
-    yield url
-    asyncio.run(leftovers.remove_test_streams(url, existing))
-    if proc:
-        proc.stop()
+class _Servers:
+    """The session's NATS and Redis, started (when nothing answers) and cleaned once per test
+    run: by the one process when the tests run in one, by the controller when pytest-xdist runs
+    them in several (its workers inherit the URLs through the environment, so they neither
+    start servers of their own nor remove what another worker's tests still use)."""
+
+    procs: list[ManagedProcess] = []
+    streams: set[str] = set()
+    namespaces: set[str] = set()
+
+    @classmethod
+    def start(cls) -> None:
+        nats_proc, nats = ensure_nats(os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+        redis_proc, redis_at = ensure_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+        cls.procs = [p for p in (nats_proc, redis_proc) if p is not None]
+        os.environ["NATS_URL"], os.environ["REDIS_URL"] = nats, redis_at
+        cls.streams = asyncio.run(leftovers.stream_names(nats))
+        with redis.Redis.from_url(redis_at) as client:
+            cls.namespaces = leftovers.namespaces(client)
+
+    @classmethod
+    def stop(cls) -> None:
+        """Remove the streams and keys of the namespaces the tests made, then stop the servers
+        started here."""
+        try:
+            asyncio.run(leftovers.remove_test_streams(os.environ["NATS_URL"], cls.streams))
+            with redis.Redis.from_url(os.environ["REDIS_URL"]) as client:
+                leftovers.remove_test_keys(client, cls.namespaces)
+        finally:
+            for proc in cls.procs:
+                proc.stop()
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not _xdist_worker(session.config):
+        _Servers.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not _xdist_worker(session.config):
+        _Servers.stop()
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
+def nats_url() -> str:
+    return os.environ["NATS_URL"]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
     """The tests' Redis; the keys they wrote under their own namespaces are removed at the end."""
-    proc, url = ensure_redis(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
-    client = redis.Redis.from_url(url)
-    existing = leftovers.namespaces(client)
-    yield url
-    leftovers.remove_test_keys(client, existing)
-    client.close()
-    if proc:
-        proc.stop()
+    return os.environ["REDIS_URL"]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -13,8 +13,8 @@ import nats
 import redis
 
 # the namespaces tests make: fixtures' t + 10 hex, e2e/cli/infra stacks + 8 hex, `chorus up`
-# stacks named after their port, and the few fixed ones
-TEST_NAMESPACE = re.compile(r"^(t[0-9a-f]{10}|(e2e|cli|infra)[0-9a-f]{8}|chorus-\d+|roles)$")
+# stacks named after their port, the benchmarks' (tests/bench run them), and the few fixed ones
+TEST_NAMESPACE = re.compile(r"^(t[0-9a-f]{10}|(e2e|cli|infra)[0-9a-f]{8}|(chorus-|bench)\d+|roles)$")
 
 
 class LOGS:
