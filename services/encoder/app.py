@@ -26,6 +26,7 @@ from services.encoder.settings import Settings
 JOB: TypeAdapter[GenerateJob] = TypeAdapter(GenerateJob)
 CANCEL: TypeAdapter[Cancel] = TypeAdapter(Cancel)
 log = logging.getLogger("chorus.encoder")
+POOL_START_TIMEOUT_S = 60.0
 
 
 async def run(settings: Settings, stop: asyncio.Event | None = None, *, ready: asyncio.Event | None = None) -> None:
@@ -41,6 +42,7 @@ async def role(rt: Runtime, settings: Settings, *, forward: Forward | None = Non
     encoder = Encoder(settings, rt.bus, forward=forward)
     encoder.start_pool()
     try:
+        await encoder.pool_warm(POOL_START_TIMEOUT_S)  # jobs taken once long prompts can render
         await wire(rt, encoder)
         yield encoder
     finally:

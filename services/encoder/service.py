@@ -116,6 +116,7 @@ class Encoder:
         self.in_flight = 0
         self._cancelled = Recent()  # generations cancelled lately
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._warming: list[concurrent.futures.Future[None]] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self.memory = PromptMemory(settings.remembered_prompt_tokens)
         self._idle = asyncio.Event()
@@ -132,8 +133,21 @@ class Encoder:
                 mp_context=multiprocessing.get_context("spawn"),
                 initializer=worker_dies_with_parent,
             )
-            for _ in range(self.settings.render_processes):
-                self._pool.submit(_warm, self.settings.knowledge_cutoff)
+            self._warming = [
+                self._pool.submit(_warm, self.settings.knowledge_cutoff) for _ in range(self.settings.render_processes)
+            ]
+
+    async def pool_warm(self, timeout: float) -> None:
+        """Until the render processes have loaded the vocabulary (a second or so after start):
+        a long prompt that arrived earlier would wait for it, after the stack said it was ready.
+        A pool that fails to warm is left to fail its first render (logged here)."""
+        if not self._warming:
+            return
+        done, pending = await asyncio.wait([asyncio.wrap_future(f) for f in self._warming], timeout=timeout)
+        failed = [f.exception() for f in done if f.exception() is not None]
+        if pending or failed:
+            log.warning("the render processes did not start in %gs: %s", timeout, failed[0] if failed else "no answer")
+        self._warming = []
 
     def close(self) -> None:
         if self._pool is not None:
