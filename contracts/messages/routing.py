@@ -39,9 +39,11 @@ class SnapshotRequest(Contract):
 
 class RoutingSnapshot(Contract):
     """A dispatcher's whole view: the prefix index (``PrefixIndex.snapshot``), the last KV
-    event batch applied per engine, and the generations in flight."""
+    event batch applied per engine, the generations in flight, and how long ago each engine last
+    finished one (seconds: clocks differ between processes, durations do not)."""
 
     kind: Literal["routing_snapshot"] = "routing_snapshot"
     index: dict[str, Any]
     kv_seq: dict[str, int] = Field(default_factory=dict)
     in_flight: list[RouteNote] = Field(default_factory=list)
+    served_ago: dict[str, float] = Field(default_factory=dict)

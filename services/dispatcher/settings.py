@@ -70,6 +70,13 @@ class Settings(BusSettings):
         description="In cache_aware and least_load routing, what one token of context held by a running "
         "generation costs an engine, in prompt tokens to prefill (a long-context decode slows every step).",
     )
+    work_weight: float = Field(
+        default=1.0,
+        ge=0,
+        description="In cache_aware routing, what a prompt token an engine must prefill costs beyond the "
+        "request's own wait: the requests queued behind it pay for it too (0: only the wait counts). "
+        "Keeps a conversation on the engine that holds it when moving would not make it faster.",
+    )
     kv_capacity_tokens: int = Field(
         default=1_048_576,
         gt=0,

@@ -263,7 +263,10 @@ route_note = RouteNote(
 )
 snapshot_request = SnapshotRequest(dispatcher="d2")
 routing_snapshot = RoutingSnapshot(
-    index={"v": 1, "engines": []}, kv_seq={"http://gpu1:8000": 7}, in_flight=[route_note]
+    index={"v": 1, "engines": []},
+    kv_seq={"http://gpu1:8000": 7},
+    in_flight=[route_note],
+    served_ago={"http://gpu1:8000": 1.5},
 )
 
 SAMPLES: dict[type[BaseModel], BaseModel] = {

@@ -151,6 +151,7 @@ async def test_every_dispatcher_routes_on_the_same_view(nats_url: str, namespace
         async with joined(nats_url, namespace, "d3") as (three, engines_3, _):
             assert three.index.size(homes[0]) == one.index.size(homes[0]) > 0
             assert "held" in three.flights
+            assert three._last_served.keys() == one._last_served.keys()  # the engines used lately
             assert send(three, engines_3, 1, 2) == homes[1]
         # d2 dies: its generation no longer loads the engine
         one.on_dispatcher_death("d2")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from services.dispatcher.routing import EngineView, choose, least_load
 
 W = 0.5  # decode weight: a token held by a running generation weighs half a prefill token
@@ -68,14 +70,30 @@ def test_an_idle_engine_takes_a_prompt_nobody_holds() -> None:
     assert choose(5000, {"busy": 4900}, engines, decode_weight=0.15)[0][0] == "busy"
 
 
-def test_a_shared_system_prompt_does_not_pull_everything_onto_one_engine() -> None:
+def test_a_conversation_stays_where_moving_would_not_make_it_faster() -> None:
+    """Its home has a whole prompt queued; prefilling its history on the other engine takes as
+    long as the wait. Counting its wait alone it moves, and adds 5000 tokens to an engine whose
+    own conversations are due back; counting the work it adds, it stays. A queue well past the
+    saving still moves it, and so does an engine nobody has used lately (no one pays there)."""
+    home = EngineView("home", queued_prefill_tokens=5000)
+    engines = [home, EngineView("other", recent=True)]
+    assert choose(5000, {"home": 4900}, engines, decode_weight=W)[0][0] == "other"
+    assert choose(5000, {"home": 4900}, engines, decode_weight=W, work_weight=1.0)[0][:3:2] == ("home", "cache")
+    swamped = [EngineView("home", queued_prefill_tokens=12_000), EngineView("other", recent=True)]
+    assert choose(5000, {"home": 4900}, swamped, decode_weight=W, work_weight=1.0)[0][0] == "other"
+    unused = [home, EngineView("other")]
+    assert choose(5000, {"home": 4900}, unused, decode_weight=W, work_weight=1.0)[0][0] == "other"
+
+
+@pytest.mark.parametrize("work_weight", [0.0, 1.0])
+def test_a_shared_system_prompt_does_not_pull_everything_onto_one_engine(work_weight: float) -> None:
     shared, prompt = 1000, 1200  # every request: the same 1000-token system prompt + 200 of its own
     queued = dict.fromkeys("abc", 0)
     holds: dict[str, int] = {"a": shared}  # only a has seen the system prompt yet
     served: Counter[str] = Counter()
     for turn in range(60):
         engines = [EngineView(e, queued_prefill_tokens=q) for e, q in queued.items()]
-        engine, _, _ = choose(prompt, holds, engines, decode_weight=W, turn=turn)[0]
+        engine, _, _ = choose(prompt, holds, engines, decode_weight=W, work_weight=work_weight, turn=turn)[0]
         served[engine] += 1
         queued[engine] += prompt - holds.get(engine, 0)
         holds[engine] = shared

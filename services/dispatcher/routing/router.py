@@ -23,6 +23,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -50,6 +51,7 @@ SNAPSHOT = TypeAdapter(RoutingSnapshot)
 SNAPSHOT_QUEUE = "routing-snapshot"  # one peer answers a snapshot request
 SNAPSHOT_TIMEOUT_S = 3.0
 FLIGHT_EXPIRY_S = 900.0  # a generation nobody ended (its dispatcher lost a note) stops counting
+RECENT_S = 30.0  # an engine that served a generation this long ago still has conversations to come back
 
 
 @dataclass
@@ -102,6 +104,7 @@ class Router:
         self._turn = itertools.count(random.randrange(1 << 16))
         self._bus: Bus | None = None
         self._outbox: asyncio.Queue[RouteNote] = asyncio.Queue()
+        self._last_served: dict[str, float] = {}  # engine -> when a generation last ended there
         for engine in engines:
             spec = engine.spec
             block_size = spec.block_size if spec and spec.block_size else settings.kv_block_size
@@ -157,6 +160,9 @@ class Router:
                 subscriber.last_seq = seq  # events since are replayed (or the view reset)
         for note in snapshot.in_flight:
             self.flights[note.generation_id] = Flight(note)
+        now = time.monotonic()
+        for engine, ago in snapshot.served_ago.items():
+            self._last_served[engine] = now - max(0.0, ago)
         log.info(
             "routing view caught up from a peer: %d blocks, %d generations in flight",
             len(self.index),
@@ -169,8 +175,12 @@ class Router:
         with contextlib.suppress(ValidationError, ValueError):
             if SnapshotRequest.model_validate_json(msg.data).dispatcher == self.instance:
                 return
+        now = time.monotonic()
         snapshot = RoutingSnapshot(
-            index=self.index.snapshot(), kv_seq=dict(self.kv_seq), in_flight=[f.note for f in self.flights.values()]
+            index=self.index.snapshot(),
+            kv_seq=dict(self.kv_seq),
+            in_flight=[f.note for f in self.flights.values()],
+            served_ago={engine: now - at for engine, at in self._last_served.items()},
         )
         with contextlib.suppress(Exception):
             await self._bus.publish(msg.reply, snapshot)
@@ -189,6 +199,7 @@ class Router:
             chains = self.index.chains(tokens)
             cached = self.index.cached_tokens(chains)
         loads = self.loads()
+        lately = time.monotonic() - RECENT_S
         views = [
             EngineView(
                 id=e.url,
@@ -197,10 +208,18 @@ class Router:
                 queued_prefill_tokens=loads[e.url].queued if e.url in loads else 0,
                 running=loads[e.url].running if e.url in loads else 0,
                 running_tokens=loads[e.url].context if e.url in loads else 0,
+                recent=self._last_served.get(e.url, -math.inf) >= lately,
             )
             for e in engines
         ]
-        ranked = choose(len(tokens), cached, views, decode_weight=self.settings.decode_weight, turn=next(self._turn))
+        ranked = choose(
+            len(tokens),
+            cached,
+            views,
+            decode_weight=self.settings.decode_weight,
+            work_weight=self.settings.work_weight,
+            turn=next(self._turn),
+        )
         if ranked:
             first = ranked[0][0]
             self._decisions[request.generation_id] = Decision(len(tokens), chains, cached, first, ranked[0][2])
@@ -302,6 +321,7 @@ class Router:
     def _apply(self, note: RouteNote) -> None:
         if note.phase == "done":
             self.flights.pop(note.generation_id, None)
+            self._last_served[note.engine] = time.monotonic()
             return
         self.flights[note.generation_id] = Flight(note)
         if note.blocks and note.dispatcher != self.instance:
