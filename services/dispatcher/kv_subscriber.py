@@ -33,14 +33,17 @@ log = logging.getLogger("chorus.dispatcher.kv_events")
 
 LOG_EVERY_S = 10.0
 RETRY_S = 1.0
+REPLAY_ALL = 1 << 63  # "before" no batch: every batch the engine keeps
+JOIN_WAIT_S = 0.5  # silence on joining after which the kept batches are asked for
 
 
 class KvSubscriber:
     """``run(stop)`` until ``stop`` is set (or the task is cancelled); it raises nothing else.
     ``engine`` labels the metrics and logs (default: the endpoint). ``counts`` holds the same
     outcomes as the ``chorus_kv_events_total`` family. With ``catch_up`` (and a replay socket),
-    the batches an engine kept from before the subscriber joined (or from a restarted engine's
-    first moments) are read first, so the view does not start empty."""
+    the batches an engine kept from before the subscriber joined are asked for as it connects,
+    and those of a restarted engine's first moments with its first batch after, so the view
+    does not start empty."""
 
     def __init__(
         self,
@@ -67,6 +70,8 @@ class KvSubscriber:
         self._decode_errors_in_row = 0
         self._silence_noted = False
         self._joining = True  # the next batch is the first from this engine (run) we see
+        self._replayed_through: int | None = None  # the last batch the joining replay brought
+        self._asked = False  # the kept batches were asked for on joining
         self._logged_at: dict[str, float] = {}
         self._suppressed: Counter[str] = Counter()
 
@@ -109,9 +114,17 @@ class KvSubscriber:
             sub.setsockopt(zmq.SUBSCRIBE, b"")
             sub.connect(self.endpoint)
             while True:
+                # joining: a first batch soon asks for the kept ones; an idle engine sends none, so
+                # a moment's silence asks for them too (a request routed meanwhile sees nothing)
+                joining = self._joining and not self._asked and self.catch_up and self.replay_endpoint is not None
                 try:
-                    frames = await asyncio.wait_for(sub.recv_multipart(), self.silence_s)
+                    frames = await asyncio.wait_for(sub.recv_multipart(), JOIN_WAIT_S if joining else self.silence_s)
                 except TimeoutError:
+                    if joining and self.last_seq is None:
+                        self._asked = True
+                        await self._replay(0, REPLAY_ALL, strict=False)
+                        self._replayed_through = self.last_seq
+                        continue
                     if not self._silence_noted:  # once per silence: an idle engine is no news
                         self._silence_noted = True
                         log.info("KV events from %s: none for %.0fs (idle, or gone)", self.engine, self.silence_s)
@@ -130,6 +143,8 @@ class KvSubscriber:
         seq = int.from_bytes(seq_bytes, "big")
         last = self.last_seq
         if last is not None and seq <= last:
+            if self._replayed_through is not None and seq <= self._replayed_through:
+                return  # published as we joined: the replay brought it already
             self._count("restart")
             self._reset(f"sequence went back from {last} to {seq}: the engine restarted")
             self._joining, last = True, None
@@ -146,6 +161,7 @@ class KvSubscriber:
             elif not await self._replay(last + 1, seq, strict=True):
                 self._reset(f"{missed} and not replayed")
         self._joining = False
+        self._replayed_through = None
         self._apply(seq, payload)
 
     def _apply(self, seq: int, payload: bytes, outcome: str = "applied") -> None:
