@@ -113,6 +113,14 @@ BUS_HOP = Histogram(
     registry=REGISTRY,
 )
 
+SCRAPE_INSTANCES = Gauge(
+    "chorus_metrics_scrape_instances",
+    "This scrape's service processes: expected (alive by their heartbeats) and answered in time; "
+    "fewer answered than expected means some counters are missing from it",
+    ["state"],
+    registry=REGISTRY,
+)
+
 # -- dispatcher ------------------------------------------------------------------------------
 ENGINE_UP = Gauge(
     "chorus_engine_up", "Engine health (1 up, 0 down), by engine and kind", ["engine", "kind"], registry=REGISTRY

@@ -18,21 +18,28 @@ from prometheus_client.samples import Sample
 from contracts.messages.control import MetricsRequest, MetricsSnapshot
 from services.common.bus import Bus, dump
 from services.common.heartbeat import Peers
-from services.common.metrics import REGISTRY
+from services.common.metrics import REGISTRY, SCRAPE_INSTANCES
 
 
 async def gather(bus: Bus, peers: Peers, services: tuple[str, ...], timeout: float) -> list[MetricsSnapshot]:
+    """Every service process's snapshot that answers within ``timeout``; how many were expected
+    and how many answered goes into this scrape (``chorus_metrics_scrape_instances``)."""
     # one answer per process: a worker beats as its three roles (encoder, dispatcher, parser)
-    # under one instance id, and answers once
-    expected = len({p.beat.instance for s in services for p in peers.alive(s)})
+    # under one instance id, and answers once. Gateways answer too (this one included) but are
+    # not among the expected: counting their answers ended the wait before a worker's came
+    expected = {p.beat.instance for s in services for p in peers.alive(s)}
     replies: list[MetricsSnapshot] = []
+    answered: set[str] = set()
     done = asyncio.Event()
     inbox = bus.nc.new_inbox()
 
     async def on_reply(msg: object) -> None:
         with contextlib.suppress(ValueError):
-            replies.append(MetricsSnapshot.model_validate_json(getattr(msg, "data", b"")))
-        if len(replies) >= expected:
+            reply = MetricsSnapshot.model_validate_json(getattr(msg, "data", b""))
+            replies.append(reply)
+            if reply.instance in expected:
+                answered.add(reply.instance)
+        if answered >= expected:
             done.set()
 
     sub = await bus.nc.subscribe(inbox, cb=on_reply)
@@ -43,6 +50,8 @@ async def gather(bus: Bus, peers: Peers, services: tuple[str, ...], timeout: flo
                 await done.wait()
     finally:
         await sub.unsubscribe()
+    SCRAPE_INSTANCES.labels("expected").set(len(expected))
+    SCRAPE_INSTANCES.labels("answered").set(len(answered))
     return replies
 
 

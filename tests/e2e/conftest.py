@@ -81,7 +81,11 @@ class RunningStack:
                     out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
             answered.clear()
             answered.update(labels.get("service") for samples in out.values() for labels, _ in samples)
-            return out if answered >= set(SCRAPED[self.split]) else None
+            counted: dict[str, float] = {}  # the scraped gateway's own come first (a replica's are its last scrape's)
+            for labels, v in out.get("chorus_metrics_scrape_instances", []):
+                counted.setdefault(labels["state"], v)
+            whole = counted.get("answered", 0) >= counted.get("expected", 1)  # every process the gateway knows
+            return out if whole and answered >= set(SCRAPED[self.split]) else None
 
         return wait_until(
             whole, 20, lambda: f"a scrape with every service of {SCRAPED[self.split]} (had {answered})", every=0.2
