@@ -187,13 +187,18 @@ def prepare(
     return Generation(record, script, outcome, settings, recorder, cached)
 
 
+def stop_strings(stop: str | Sequence[str] | None) -> list[str]:
+    """A request's ``stop`` (one string or a list, in both protocols) as a list."""
+    return [stop] if isinstance(stop, str) else list(stop or [])
+
+
 def cut_at_stop_string(
     outcome: Outcome, stop: Sequence[str], encoding: HarmonyEncoding, skip_special: bool = True
 ) -> Outcome:
     """Stop strings as vLLM and SGLang match them: in the output's text as it is detokenized
-    (special tokens written out unless ``skip_special``: Chorus asks for them), token by token; generation ends with the token that completes the
-    first match, that token included in the ids (the engines trim only the text), reported as
-    the stop string matched. A stop token, EOS or max_tokens that came first has already cut
+    (special tokens written out unless ``skip_special``: Chorus asks for them), token by token;
+    generation ends with the token that completes the first match, that token included in the
+    ids (the engines trim only the text), reported as the stop string matched. A stop token, EOS or max_tokens that came first has already cut
     ``outcome``: a match in what is left is earlier."""
     if not stop:
         return outcome

@@ -29,6 +29,7 @@ from services.simengine.generation import (
     decode_text,
     prepare,
     runnable,
+    stop_strings,
 )
 from services.simengine.grammar import GrammarError, check_schema, check_structural_tag
 from services.simengine.matcher import Grammar, compile_json, compile_pattern, compile_tag
@@ -219,7 +220,7 @@ async def generate(request: Request) -> Response:
             max_tokens=max_new,
             stop_token_ids=sp.stop_token_ids or [],
             ignore_eos=sp.ignore_eos,
-            stop=[sp.stop] if isinstance(sp.stop, str) else list(sp.stop or []),
+            stop=stop_strings(sp.stop),
             skip_special=sp.skip_special_tokens,
             stream=body.stream,
             params=body.model_dump(exclude={"input_ids", "text"}, exclude_none=True),

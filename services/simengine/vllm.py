@@ -27,6 +27,7 @@ from services.simengine.generation import (
     decode_text,
     prepare,
     runnable,
+    stop_strings,
 )
 from services.simengine.grammar import GrammarError, check_schema, check_structural_tag
 from services.simengine.matcher import Grammar, compile_choice, compile_json, compile_pattern, compile_tag
@@ -140,7 +141,7 @@ def checks(body: CompletionBody, settings: Settings) -> Check:
                 raise _invalid(f"{name} must be in [-2, 2], got {value}.", name, value)
         if body.top_k is not None and body.top_k < -1:  # -1 and 0 disable it
             raise _invalid(f"top_k must be -1 (disable), or at least 1, got {body.top_k}.", "top_k", body.top_k)
-        if any(not text for text in _stop_strings(body.stop)):  # SamplingParams._verify_args
+        if any(not text for text in stop_strings(body.stop)):  # SamplingParams._verify_args
             raise _invalid("stop cannot contain an empty string.", "stop", body.stop)
         bad = max(prompt)
         if bad >= settings.vocab_size or min(prompt) < 0:
@@ -202,10 +203,6 @@ def _usage(gen: Generation, completion_tokens: int) -> dict[str, Any]:
     }
 
 
-def _stop_strings(stop: str | list[str] | None) -> list[str]:
-    return [stop] if isinstance(stop, str) else list(stop or [])
-
-
 def _stop_reason(gen: Generation) -> int | str | None:
     """vLLM reports the matched stop string or stop token id, but null when generation ended
     on EOS."""
@@ -239,7 +236,7 @@ async def completions(request: Request) -> Response:
             max_tokens=body.max_tokens,
             stop_token_ids=body.stop_token_ids or [],
             ignore_eos=body.ignore_eos,
-            stop=_stop_strings(body.stop),
+            stop=stop_strings(body.stop),
             skip_special=body.skip_special_tokens,
             stream=body.stream,
             params=body.model_dump(exclude={"prompt"}, exclude_none=True, by_alias=True),
