@@ -117,7 +117,10 @@ async def test_a_lost_batch_is_replayed_in_order() -> None:
     assert subscriber.counts["gap"] == 1 and subscriber.counts["replayed"] == 2
 
 
-async def test_a_subscriber_that_joins_late_catches_up() -> None:
+@contextlib.asynccontextmanager
+async def joined_late() -> AsyncIterator[tuple[KvPublisher, KvSubscriber, Seen]]:
+    """A publisher that published batches 0-2 before anyone listened, and a subscriber started
+    after them (stopped, with the publisher, on the way out)."""
     publisher = KvPublisher(LOOPBACK, LOOPBACK)
     publisher.start()
     for n in range(3):
@@ -129,12 +132,19 @@ async def test_a_subscriber_that_joins_late_catches_up() -> None:
     async with asyncio.TaskGroup() as tg:
         tg.create_task(publisher.serve())
         tg.create_task(subscriber.run(stop))
+        try:
+            yield publisher, subscriber, seen
+        finally:
+            stop.set()
+            publisher.close()
+
+
+async def test_a_subscriber_that_joins_late_catches_up() -> None:
+    async with joined_late() as (publisher, _, seen):
         async with asyncio.timeout(WAIT_S):
             await publisher.wait_for_subscriber()
         publisher.publish([stored(3)])
         await seen.until(lambda: len(seen.batches) == 4)
-        stop.set()
-        publisher.close()
     assert seen.seqs == [0, 1, 2, 3] and seen.resets == []
 
 
@@ -267,23 +277,11 @@ async def test_a_subscriber_that_joins_an_idle_engine_catches_up_at_once() -> No
     """Nothing more is published (an idle engine): the kept batches are asked for on joining,
     and the batches published as it joins, which that replay may bring too, are not taken for
     an engine restart."""
-    publisher = KvPublisher(LOOPBACK, LOOPBACK)
-    publisher.start()
-    for n in range(3):
-        publisher.publish([stored(n)])  # nobody listening yet
-    seen = Seen()
-    assert publisher.replay_endpoint is not None
-    subscriber = KvSubscriber(publisher.endpoint, publisher.replay_endpoint, seen.batch, seen.reset, silence_s=30.0)
-    stop = asyncio.Event()
-    async with asyncio.TaskGroup() as tg:
-        tg.create_task(publisher.serve())
-        tg.create_task(subscriber.run(stop))
+    async with joined_late() as (publisher, subscriber, seen):
         await seen.until(lambda: len(seen.batches) == 3)
         async with asyncio.timeout(WAIT_S):
             await publisher.wait_for_subscriber()
         publisher.publish([stored(3)])
         await seen.until(lambda: len(seen.batches) == 4)
-        stop.set()
-        publisher.close()
     assert seen.seqs == [0, 1, 2, 3] and seen.resets == []
     assert subscriber.counts["replayed"] == 3 and subscriber.counts["restart"] == 0
