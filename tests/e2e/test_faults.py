@@ -14,7 +14,9 @@ import re
 import signal
 import time
 from collections.abc import Iterator
+from functools import partial
 
+import httpx
 import openai
 import pytest
 
@@ -25,6 +27,7 @@ from services.gateway.responses.background import Job, LoggedStep
 from services.gateway.store import RedisResponseStore
 from tests.e2e.conftest import MODEL, RunningStack, start_sim_engine, start_stack
 from tests.e2e.streams import Streamed, kill, run_streams
+from tests.waiting import wait_until
 
 MAX_PAUSE_S = 5.0
 
@@ -115,13 +118,43 @@ def test_kill_the_dispatcher(split_stack: RunningStack, split_reference: dict[st
 def test_kill_one_engine_of_two(
     fault_stack: RunningStack, reference: dict[str, list[Streamed]], engines: list[tuple[ManagedProcess, str]], api: str
 ) -> None:
+    """The engine streaming the most of eight generations is killed: they go on on the other
+    one from their tokens (routing may well have put all eight on one engine: the one that
+    holds their prompts)."""
     fault_stack.wait_healthy()
-    proc, _ = engines[0]
-    assert proc.proc is not None
-    pid = proc.proc.pid
-    got = asyncio.run(run_streams(fault_stack, api, lambda: kill(pid)))
+    # both workers' dispatchers take both engines for up (one was started again after the
+    # test before: until a health poll says so, every stream goes to the other one)
+    for _, url in engines:
+        wait_until(partial(engine_up_in_both, fault_stack, url), 30, f"{url} up")
+    resumed = fault_stack.metric("chorus_generation_resumes_total")
+    killed: list[int] = []
+
+    def kill_the_busier() -> None:
+        running = [engine_running(url) for _, url in engines]
+        i = max(range(len(engines)), key=running.__getitem__)
+        assert running[i] > 0, running
+        proc = engines[i][0].proc
+        assert proc is not None
+        killed.append(i)
+        kill(proc.pid)
+
+    got = asyncio.run(run_streams(fault_stack, api, kill_the_busier))
     check(got, reference[api])
-    engines[0] = start_sim_engine("vllm", port=int(engines[0][1].rsplit(":", 1)[1]))  # back for the next test
+    assert fault_stack.metric("chorus_generation_resumes_total") > resumed  # they went on elsewhere
+    i = killed[0]  # back for the next test
+    engines[i] = start_sim_engine("vllm", port=int(engines[i][1].rsplit(":", 1)[1]))
+
+
+def engine_up_in_both(stack: RunningStack, url: str) -> bool:
+    return stack.metric("chorus_engine_up", engine=url) >= 2
+
+
+def engine_running(url: str) -> float:
+    """The requests a simulated engine is streaming, from its own /metrics (vLLM's gauge)."""
+    text = httpx.get(f"{url}/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running")
+    )
 
 
 def test_sigterm_drains_a_worker(fault_stack: RunningStack, reference: dict[str, list[Streamed]]) -> None:
