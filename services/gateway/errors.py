@@ -44,3 +44,10 @@ def public(error: BusError) -> BusError:
 
 
 STORAGE_DOWN = BusError(code=ErrorCode.STORAGE_UNAVAILABLE, message=PUBLIC_MESSAGES[ErrorCode.STORAGE_UNAVAILABLE])
+# an engine that gave up on a generation itself (finish reason "abort"): the answer is cut
+# short, which every API reports as the engine's failure, never as a finished answer
+ABORTED = BusError(
+    code=ErrorCode.ENGINE_ERROR,
+    message="The engine stopped this generation before it finished (it was aborted): the answer is incomplete; "
+    "try again.",
+)

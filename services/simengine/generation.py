@@ -183,6 +183,9 @@ def prepare(
         output = generate(output, script.calls, encoding, constrained)
     outcome = limit(output, cap, stop_token_ids, () if ignore_eos else EOS_TOKEN_IDS)
     outcome = cut_at_stop_string(outcome, stop, encoding, skip_special)
+    aborting = script.directives.abort_after
+    if aborting is not None and 0 <= aborting < len(outcome.token_ids):
+        outcome = Outcome(outcome.token_ids[:aborting], "abort", None)
     cached = recorder.prefix_cache.lookup_and_insert(prompt)
     return Generation(record, script, outcome, settings, recorder, cached)
 

@@ -72,12 +72,15 @@ class Directives:
     Harmony text (``<|...|>`` markers become special tokens; may be malformed on purpose),
     ``tokens`` makes the final answer N tokens long. Transport (every generation after that
     user message): ``delay_ms`` per chunk, ``error_after`` N tokens then a mid-stream error,
-    ``status`` an HTTP error before streaming."""
+    ``abort_after`` N tokens then the end an engine gives a request it aborted itself (vLLM's
+    finish reason ``abort``, SGLang's ``{"type": "abort"}``), ``status`` an HTTP error before
+    streaming."""
 
     raw: str | None = None
     tokens: int | None = None
     delay_ms: float | None = None
     error_after: int | None = None
+    abort_after: int | None = None
     status: int | None = None
 
 
@@ -117,6 +120,7 @@ def read_directives(user_text: str, *, content: bool) -> Directives:
         tokens=_int(found.get("tokens")) if content else None,
         delay_ms=_float(found.get("delay_ms")),
         error_after=_int(found.get("error_after")),
+        abort_after=_int(found.get("abort_after")),
         status=_int(found.get("status")),
     )
 
@@ -334,7 +338,7 @@ class Outcome:
     """The output after max_tokens and stop ids: what the engine streams."""
 
     token_ids: list[int]
-    finish_reason: str  # stop | length
+    finish_reason: str  # stop | length | abort
     stop_token_id: int | None  # the stop token emitted (included in token_ids), if any
     stop_text: str | None = None  # the stop string matched (its tokens included in token_ids)
 

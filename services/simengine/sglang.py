@@ -174,6 +174,8 @@ def _dumps(obj: dict[str, Any]) -> bytes:
 def _finish(gen: Generation, count: int) -> dict[str, Any]:
     if gen.outcome.finish_reason == "length":
         return {"type": "length", "length": count}
+    if gen.outcome.finish_reason == "abort":  # SGLang's FINISH_ABORT, as the scheduler reports it
+        return {"type": "abort", "message": f"simulated engine abort after {count} tokens", "status_code": 500}
     matched = gen.outcome.stop_text if gen.outcome.stop_text is not None else gen.outcome.stop_token_id
     return {"type": "stop", "matched": matched}
 

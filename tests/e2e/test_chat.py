@@ -227,6 +227,38 @@ def test_a_client_leaving_a_whole_answer_aborts_the_engine(stack: RunningStack, 
     assert record["completion_tokens"] < 5000
 
 
+def test_an_engine_abort_is_an_error_not_a_finished_answer(any_stack: RunningStack) -> None:
+    """An engine that gives up on a generation itself, a dozen tokens in (vLLM's finish reason
+    ``abort``, SGLang's abort finish), has cut the answer short: Chat Completions answers an
+    error, whole or streamed, and never a choice finished with ``stop``; a response fails (no
+    incomplete reason names it: it was a 500 when the run called it "interrupted"), and the
+    Messages API answers an error too."""
+    content = f"Tell me everything {uuid.uuid4().hex[:8]} [[sim:abort_after=12]]"
+    messages: list[Any] = [{"role": "user", "content": content}]
+    client = any_stack.client()
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model=MODEL, messages=messages)
+    assert err.value.status_code >= 500  # the engine's doing, not the caller's
+    assert err.value.response.json()["error"]["type"] == "server_error"
+    with httpx.Client(base_url=any_stack.base_url, timeout=30) as http:
+        resp = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "stream": True})
+    assert resp.status_code == 200
+    data = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
+    finishes = [c["finish_reason"] for chunk in data for c in chunk.get("choices") or ()]
+    assert "stop" not in finishes and "length" not in finishes, finishes
+    assert "error" in data[-1] and data[-1]["error"]["message"], data[-1]
+    response = client.responses.create(model=MODEL, input=content)  # no incomplete reason fits
+    assert response.status == "failed" and response.error is not None, response
+    assert response.error.code == "server_error" and response.error.message
+    with httpx.Client(base_url=any_stack.base_url, timeout=30) as http:
+        answer = http.post(
+            "/v1/messages",
+            json={"model": MODEL, "max_tokens": 200, "messages": messages},
+            headers={"anthropic-version": "2023-06-01"},
+        )
+    assert answer.status_code >= 500 and answer.json()["type"] == "error", answer.text
+
+
 def test_engine_down_is_a_clear_error(stacks: Stacks) -> None:
     down = stacks.get("engine-down")
     client = down.client()

@@ -12,7 +12,7 @@ from services.common.kv_events import BlockStored, EventBatch
 from services.dispatcher.kv_subscriber import KvSubscriber
 from services.simengine.app import serving
 from services.simengine.settings import Settings
-from tests.simengine.test_server import vllm_body
+from tests.simengine.wire import vllm_body
 
 PROMPT = [200006, 17360, 200008, *range(1000, 1000 + 320), 200007, 200006, 173781]
 

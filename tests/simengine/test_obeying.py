@@ -5,7 +5,6 @@ grammar a model can escape is escaped here too (driven over HTTP, in this event 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -16,10 +15,10 @@ from openai_harmony import DeveloperContent, Message, Role
 from contracts.messages.generate import OutputConstraint
 from services.common.harmony import CALL, RETURN, harmony_encoding
 from services.dispatcher.engines.constraints import CALL_HEADER_ENDS, structural_tag, tool_call_format
-from services.simengine.app import RunningSim, serving
+from services.simengine.app import serving
 from services.simengine.settings import Settings
 from tests.simengine.prompts import LOOKUP, WEATHER, parse_output, render, tool_round, user, user_prompt
-from tests.simengine.test_server import events, sglang_body, vllm_body
+from tests.simengine.wire import events, sglang_body, vllm_body
 
 ENC = harmony_encoding()
 SCHEMA = {
@@ -29,18 +28,6 @@ SCHEMA = {
     "additionalProperties": False,
 }
 PROTOCOLS = ["vllm", "sglang"]
-
-
-@pytest.fixture(scope="module")
-async def sim() -> AsyncIterator[RunningSim]:
-    async with serving(Settings(protocol="both")) as running:
-        yield running
-
-
-@pytest.fixture
-async def http(sim: RunningSim) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=sim.url, timeout=10) as client:
-        yield client
 
 
 async def generate(http: httpx.AsyncClient, protocol: str, prompt: list[int], rid: str, tag: Any) -> list[int]:

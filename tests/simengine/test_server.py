@@ -15,66 +15,15 @@ from services.simengine.app import RunningSim, serving
 from services.simengine.script import limit, plan
 from services.simengine.settings import Settings
 from tests.simengine.prompts import WEATHER, user_prompt
+from tests.simengine.wire import STOPS, events, sglang_body, vllm_body
 
 ENC = harmony_encoding()
-STOPS = [RETURN, CALL]
-
-
-@pytest.fixture(scope="module")
-async def sim() -> AsyncIterator[RunningSim]:
-    async with serving(Settings(protocol="both")) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")
 async def sim_incremental() -> AsyncIterator[RunningSim]:
     async with serving(Settings(protocol="sglang", sglang_incremental=True, tokens_per_chunk=3)) as running:
         yield running
-
-
-@pytest.fixture
-async def http(sim: RunningSim) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(base_url=sim.url, timeout=10) as client:
-        yield client
-
-
-def vllm_body(prompt: list[int], rid: str, **kw: Any) -> dict[str, Any]:
-    return {
-        "model": "openai/gpt-oss-20b",
-        "prompt": prompt,
-        "max_tokens": None,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "return_token_ids": True,
-        "skip_special_tokens": False,
-        "stop_token_ids": STOPS,
-        "request_id": rid,
-        **kw,
-    }
-
-
-def sglang_body(prompt: list[int], rid: str, **sp: Any) -> dict[str, Any]:
-    return {
-        "input_ids": prompt,
-        "rid": rid,
-        "stream": True,
-        "sampling_params": {
-            "max_new_tokens": 4096,
-            "stop_token_ids": STOPS,
-            "skip_special_tokens": False,
-            "no_stop_trim": True,
-            **sp,
-        },
-    }
-
-
-async def events(http: httpx.AsyncClient, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
-    async with http.stream("POST", path, json=body) as resp:
-        assert resp.status_code == 200, await resp.aread()
-        assert resp.headers["x-chorus-simulator"] == "true"
-        lines = [line async for line in resp.aiter_lines() if line]
-    assert lines[-1] == "data: [DONE]"
-    return [json.loads(line[6:]) for line in lines[:-1]]
 
 
 async def test_vllm_stream_matches_the_script(http: httpx.AsyncClient) -> None:
@@ -111,22 +60,6 @@ async def test_vllm_max_tokens_and_non_stream(http: httpx.AsyncClient) -> None:
     body = vllm_body(prompt, "v3b", stream=False)
     del body["max_tokens"]
     assert len((await http.post("/v1/completions", json=body)).json()["choices"][0]["token_ids"]) == 16
-
-
-async def test_vllm_error_mid_stream(http: httpx.AsyncClient, sim: RunningSim) -> None:
-    chunks = await events(http, "/v1/completions", vllm_body(user_prompt("x [[sim:error_after=4]]"), "v4"))
-    assert "error" in chunks[-1] and chunks[-1]["error"]["code"] == 500
-    assert sum(len(c["choices"][0]["token_ids"]) for c in chunks[:-1]) == 4
-    record = sim.recorder.get("v4")
-    assert record is not None and record.finish_reason == "error"
-
-
-@pytest.mark.parametrize(("directive", "status"), [("[[sim:status=503]]", 503), ("[[sim:status=429]]", 429)])
-async def test_status_directive(http: httpx.AsyncClient, directive: str, status: int) -> None:
-    resp = await http.post("/v1/completions", json=vllm_body(user_prompt(f"x {directive}"), "v5"))
-    assert resp.status_code == status and resp.json()["error"]["message"]
-    resp = await http.post("/generate", json=sglang_body(user_prompt(f"x {directive}"), "s5"))
-    assert resp.status_code == status and resp.json()["error"]["message"]
 
 
 async def test_bad_requests_are_400(http: httpx.AsyncClient) -> None:
@@ -210,12 +143,6 @@ async def test_sglang_abort_request(http: httpx.AsyncClient, sim: RunningSim) ->
     assert json.loads(rest[-2][6:])["meta_info"]["finish_reason"]["type"] == "abort"
     record = await sim.recorder.wait_aborted("s4", timeout=1)
     assert record.abort_requested
-
-
-async def test_sglang_error_mid_stream_is_an_abort_finish(http: httpx.AsyncClient) -> None:
-    chunks = await events(http, "/generate", sglang_body(user_prompt("x [[sim:error_after=2]]"), "s6"))
-    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "abort"
-    assert len(chunks[-1]["output_ids"]) == 2
 
 
 async def test_health_models_load(http: httpx.AsyncClient) -> None:

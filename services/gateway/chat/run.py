@@ -23,10 +23,9 @@ from services.gateway.chat.items import offered_tools, response_format_of, to_en
 from services.gateway.chat.request import ChatRequest
 from services.gateway.chat.response import completion
 from services.gateway.context import GatewayContext
+from services.gateway.errors import ABORTED
 from services.gateway.generation import Generation, GenerationSpec
 from services.gateway.observe import Observed
-
-ABORTED = "The engine stopped this generation before it finished (it was aborted): the answer is incomplete; try again."
 
 
 class ChatRun:
@@ -87,7 +86,7 @@ class ChatRun:
         if state.failed is not None:
             return state.failed.error
         if state.aborted:
-            return BusError(code=ErrorCode.ENGINE_ERROR, message=ABORTED)
+            return ABORTED
         if self.format is None or state.tools or state.finish_reason != "stop":
             return None
         why = structured.check(state.text, self.format)

@@ -16,13 +16,12 @@ from contracts.messages.generate import ParseSpec
 from services.common.telemetry import carrier_of
 from services.gateway import structured
 from services.gateway.context import GatewayContext
+from services.gateway.errors import ABORTED
 from services.gateway.generation import Generation, GenerationSpec
 from services.gateway.messages.events import MessageStream
 from services.gateway.messages.items import offered_tools, response_format_of, to_encode_request, to_sampling
 from services.gateway.messages.request import MessagesRequest, thinking_kept, thinking_shown
 from services.gateway.observe import Observed
-
-ABORTED = "The engine stopped this generation before it finished (it was aborted): the answer is incomplete."
 
 
 class MessagesRun:
@@ -90,7 +89,7 @@ class MessagesRun:
         if stream.failed is not None:
             return stream.failed.error
         if stream.aborted:
-            return BusError(code=ErrorCode.ENGINE_ERROR, message=ABORTED)
+            return ABORTED
         if self.format is None or stream.called or stream.stop_reason != "end_turn":
             return None
         answer = "".join(b.text for b in stream.blocks if b.kind == "text")

@@ -32,7 +32,7 @@ from services.common import telemetry
 from services.common.errors import ChorusError
 from services.gateway import structured
 from services.gateway.context import GatewayContext
-from services.gateway.errors import STORAGE_DOWN, public
+from services.gateway.errors import ABORTED, STORAGE_DOWN, public
 from services.gateway.generation import Generation, GenerationSpec, RenderedPrompt, Replayed
 from services.gateway.observe import Observed, current
 from services.gateway.responses.compaction import estimated_tokens, read_summary, summary_generation, visible
@@ -312,8 +312,8 @@ class ResponseRun:
                 out += w.close_open()
                 if event.finish_reason == "length":
                     self.status, self.incomplete_reason = "incomplete", "max_output_tokens"
-                elif event.finish_reason == "abort":
-                    self.status, self.incomplete_reason = "incomplete", "interrupted"
+                elif event.finish_reason == "abort":  # no incomplete reason says it: a failure
+                    self.fail(ABORTED.message)
             elif isinstance(event, Failed):
                 self._add_usage(event.usage)
                 out += w.close_open()
