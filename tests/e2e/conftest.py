@@ -34,6 +34,15 @@ EngineRecord = dict[str, Any]  # one request as the simulated engine recorded it
 SCRAPED = {False: ("gateway", "worker", "tools"), True: ("gateway", "encoder", "dispatcher", "parser", "tools")}
 
 
+def samples_of(exposition: str) -> Samples:
+    """A Prometheus text exposition's samples: each name's (labels, value) pairs."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
 def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of the samples of ``name`` that carry ``labels``."""
     return sum(v for got, v in samples.get(name, []) if all(got.get(k) == want for k, want in labels.items()))
@@ -75,10 +84,7 @@ class RunningStack:
         def whole() -> Samples | None:
             resp = httpx.get(f"{self.base_url}/metrics", timeout=30)
             assert resp.status_code == 200, resp.text
-            out: Samples = {}
-            for family in text_string_to_metric_families(resp.text):
-                for sample in family.samples:
-                    out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+            out = samples_of(resp.text)
             answered.clear()
             answered.update(labels.get("service") for samples in out.values() for labels, _ in samples)
             counted: dict[str, float] = {}  # the scraped gateway's own come first (a replica's are its last scrape's)

@@ -240,7 +240,7 @@ def test_an_engine_abort_is_an_error_not_a_finished_answer(any_stack: RunningSta
         client.chat.completions.create(model=MODEL, messages=messages)
     assert err.value.status_code >= 500  # the engine's doing, not the caller's
     assert err.value.response.json()["error"]["type"] == "server_error"
-    with httpx.Client(base_url=any_stack.base_url, timeout=30) as http:
+    with any_stack.http() as http:
         resp = http.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, "stream": True})
     assert resp.status_code == 200
     data = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
@@ -250,7 +250,7 @@ def test_an_engine_abort_is_an_error_not_a_finished_answer(any_stack: RunningSta
     response = client.responses.create(model=MODEL, input=content)  # no incomplete reason fits
     assert response.status == "failed" and response.error is not None, response
     assert response.error.code == "server_error" and response.error.message
-    with httpx.Client(base_url=any_stack.base_url, timeout=30) as http:
+    with any_stack.http() as http:
         answer = http.post(
             "/v1/messages",
             json={"model": MODEL, "max_tokens": 200, "messages": messages},

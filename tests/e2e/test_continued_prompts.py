@@ -6,14 +6,13 @@ conversation instead, and the client sees no difference."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.e2e.conftest import MODEL, RunningStack, start_stack
+from tests.e2e.conftest import MODEL, RunningStack, samples_of, start_stack, total
 from tests.e2e.test_websocket import WEATHER, until_done
 from tests.waiting import wait_until
 
@@ -22,9 +21,9 @@ TURNS = 4
 
 def renders(stack: RunningStack, kind: str) -> float:
     """chorus_encoder_renders_total{kind} over the whole stack."""
-    text = httpx.get(f"{stack.base_url}/metrics", timeout=5).text
-    pattern = rf'^chorus_encoder_renders_total\{{[^}}]*kind="{kind}"[^}}]*\}} (\S+)$'
-    return sum(float(v) for v in re.findall(pattern, text, re.M))
+    return total(
+        samples_of(httpx.get(f"{stack.base_url}/metrics", timeout=5).text), "chorus_encoder_renders_total", kind=kind
+    )
 
 
 def websocket_loop(stack: RunningStack) -> tuple[list[dict[str, Any]], str]:

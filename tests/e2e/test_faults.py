@@ -25,7 +25,7 @@ from contracts.messages.parse import Finished, ItemAdded, ItemDelta, ItemDone, U
 from services.common.infra import ManagedProcess, free_port
 from services.gateway.responses.background import Job, LoggedStep
 from services.gateway.store import RedisResponseStore
-from tests.e2e.conftest import MODEL, RunningStack, start_sim_engine, start_stack
+from tests.e2e.conftest import MODEL, RunningStack, samples_of, start_sim_engine, start_stack, total
 from tests.e2e.streams import Streamed, kill, run_streams
 from tests.waiting import wait_until
 
@@ -151,10 +151,7 @@ def engine_up_in_both(stack: RunningStack, url: str) -> bool:
 
 def engine_running(url: str) -> float:
     """The requests a simulated engine is streaming, from its own /metrics (vLLM's gauge)."""
-    text = httpx.get(f"{url}/metrics", timeout=5).text
-    return sum(
-        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:num_requests_running")
-    )
+    return total(samples_of(httpx.get(f"{url}/metrics", timeout=5).text), "vllm:num_requests_running")
 
 
 def test_sigterm_drains_a_worker(fault_stack: RunningStack, reference: dict[str, list[Streamed]]) -> None:
