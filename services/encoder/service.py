@@ -144,7 +144,7 @@ class Encoder:
         if not self._warming:
             return
         done, pending = await asyncio.wait([asyncio.wrap_future(f) for f in self._warming], timeout=timeout)
-        failed = [f.exception() for f in done if f.exception() is not None]
+        failed = [exc for f in done if (exc := f.exception()) is not None]
         if pending or failed:
             log.warning("the render processes did not start in %gs: %s", timeout, failed[0] if failed else "no answer")
         self._warming = []

@@ -201,8 +201,9 @@ def cut_at_stop_string(
     """Stop strings as vLLM and SGLang match them: in the output's text as it is detokenized
     (special tokens written out unless ``skip_special``: Chorus asks for them), token by token;
     generation ends with the token that completes the first match, that token included in the
-    ids (the engines trim only the text), reported as the stop string matched. A stop token, EOS or max_tokens that came first has already cut
-    ``outcome``: a match in what is left is earlier."""
+    ids (the engines trim only the text), reported as the stop string matched. A stop token, EOS
+    or max_tokens that came first has already cut ``outcome``: a match in what is left is
+    earlier."""
     if not stop:
         return outcome
     longest = max(map(len, stop))
